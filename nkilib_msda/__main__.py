@@ -1,0 +1,3 @@
+from nkilib_msda.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""NKI kernels (beta-2 ``nki`` API), mirroring ``nkilib.experimental``."""

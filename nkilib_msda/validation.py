@@ -1,0 +1,251 @@
+"""Argument normalization and checking shared by every MSDA backend.
+
+`validate_msda_args` is the single entry point: it accepts NumPy arrays, torch
+tensors or anything with ``.shape`` and ``.dtype``, checks every argument against
+the others and returns an immutable :class:`MSDAProblem` describing the call.
+Errors are ``ValueError`` (bad values/shapes) or ``TypeError`` (bad types) whose
+message names the argument, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+VALUE_LAYOUTS = ("BLNC", "BNLC")
+LOCATION_LAYOUTS = ("BQHLP2", "B2QHLP")
+PADDING_MODES = ("zeros", "border", "reflection")
+FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class MSDAProblem:
+    """Static description of one MSDA call (all plain Python values)."""
+
+    batch: int
+    num_queries: int
+    num_heads: int
+    head_dim: int
+    num_levels: int
+    num_points: int
+    spatial_shapes: tuple[tuple[int, int], ...]
+    level_start_index: tuple[int, ...]
+    value_layout: str
+    sampling_locations_layout: str
+    align_corners: bool
+    padding_mode: str
+
+    @property
+    def total_pixels(self) -> int:
+        """L = sum(H_l * W_l)."""
+        return sum(h * w for h, w in self.spatial_shapes)
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        if self.value_layout == "BLNC":
+            return (self.batch, self.total_pixels, self.num_heads, self.head_dim)
+        return (self.batch, self.num_heads, self.total_pixels, self.head_dim)
+
+    @property
+    def sampling_locations_shape(self) -> tuple[int, ...]:
+        qhlp = (self.num_queries, self.num_heads, self.num_levels, self.num_points)
+        if self.sampling_locations_layout == "BQHLP2":
+            return (self.batch, *qhlp, 2)
+        return (self.batch, 2, *qhlp)
+
+    @property
+    def attention_weights_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.num_queries, self.num_heads, self.num_levels, self.num_points)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.num_queries, self.num_heads * self.head_dim)
+
+    @property
+    def num_samples(self) -> int:
+        """B * N_q * N_h * N_l * N_p."""
+        return self.batch * self.num_queries * self.num_heads * self.num_levels * self.num_points
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name of a NumPy / ml_dtypes / torch / NKI dtype ('float32', 'bfloat16', ...)."""
+    name = str(dtype)
+    for prefix in ("torch.", "nl.", "nki.language."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    if name.startswith("<class '") and name.endswith("'>"):  # numpy scalar types
+        name = name[len("<class '"):-2].rsplit(".", 1)[-1]
+    return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+
+
+def _describe(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"{type(x).__name__} of shape {tuple(shape)} and dtype {dtype_name(x.dtype)}"
+    return f"{type(x).__name__} {x!r}"
+
+
+def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> tuple[int, ...]:
+    """Check that ``x`` is an array/tensor with a float dtype (and ``ndim`` dims); return its shape."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"{name}: expected an array or tensor with a float dtype, got {_describe(x)}")
+    if dtype_name(x.dtype) not in FLOAT_DTYPE_NAMES:
+        raise TypeError(
+            f"{name}: expected a float dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
+            f"got dtype {dtype_name(x.dtype)}")
+    shape = tuple(int(s) for s in x.shape)
+    if ndim is not None and len(shape) != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d tensor, got shape {shape}")
+    return shape
+
+
+def _to_python(x: Any) -> Any:
+    """Turn tensors/arrays into nested Python lists (a no-op for sequences)."""
+    if hasattr(x, "tolist") and not isinstance(x, (list, tuple)):
+        return x.tolist()
+    return x
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def normalize_spatial_shapes(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
+    """Pairs (H, W) of positive ints from a tuple/list/array/tensor of shape (N_l, 2)."""
+    if isinstance(spatial_shapes, (str, bytes)) or spatial_shapes is None:
+        raise TypeError(
+            f"spatial_shapes: expected a sequence of (H, W) int pairs or an int tensor of shape (N_l, 2), "
+            f"got {_describe(spatial_shapes)}")
+    if hasattr(spatial_shapes, "dtype") and "float" in dtype_name(spatial_shapes.dtype):
+        raise TypeError(f"spatial_shapes: expected integers, got dtype {dtype_name(spatial_shapes.dtype)}")
+    raw = _to_python(spatial_shapes)
+    if not isinstance(raw, (list, tuple)) or len(raw) == 0:
+        raise ValueError(f"spatial_shapes: expected at least one (H, W) pair, got {raw!r}")
+    shapes = []
+    for i, pair in enumerate(raw):
+        pair = _to_python(pair)
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"spatial_shapes: expected (H, W) pairs, entry {i} is {pair!r}")
+        if not all(_is_int(v) for v in pair):
+            raise TypeError(f"spatial_shapes: expected integer (H, W), entry {i} is {pair!r}")
+        h, w = int(pair[0]), int(pair[1])
+        if h <= 0 or w <= 0:
+            raise ValueError(f"spatial_shapes: expected positive (H, W), entry {i} is ({h}, {w})")
+        shapes.append((h, w))
+    return tuple(shapes)
+
+
+def normalize_level_start_index(level_start_index: Any, spatial_shapes: tuple[tuple[int, int], ...]
+                                ) -> tuple[int, ...]:
+    """Level start offsets; derived when None, otherwise checked against ``spatial_shapes``."""
+    expected = []
+    start = 0
+    for h, w in spatial_shapes:
+        expected.append(start)
+        start += h * w
+    if level_start_index is None:
+        return tuple(expected)
+    if isinstance(level_start_index, (str, bytes)):
+        raise TypeError(f"level_start_index: expected a sequence of ints or None, got {level_start_index!r}")
+    if hasattr(level_start_index, "dtype") and "float" in dtype_name(level_start_index.dtype):
+        raise TypeError(f"level_start_index: expected integers, got dtype {dtype_name(level_start_index.dtype)}")
+    raw = _to_python(level_start_index)
+    if not isinstance(raw, (list, tuple)):
+        raise TypeError(f"level_start_index: expected a sequence of ints or None, got {_describe(level_start_index)}")
+    if not all(_is_int(v) for v in raw):
+        raise TypeError(f"level_start_index: expected integers, got {raw!r}")
+    got = tuple(int(v) for v in raw)
+    if got != tuple(expected):
+        raise ValueError(
+            f"level_start_index: expected {tuple(expected)} (cumulative H*W of spatial_shapes), got {got}")
+    return got
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    return value
+
+
+def validate_msda_args(
+    value: Any,
+    spatial_shapes: Any,
+    level_start_index: Any,
+    sampling_locations: Any,
+    attention_weights: Any,
+    value_layout: str = "BLNC",
+    sampling_locations_layout: str = "BQHLP2",
+    align_corners: bool = False,
+    padding_mode: str = "zeros",
+    *,
+    grad_output: Any = None,
+    padding_modes: Sequence[str] = PADDING_MODES,
+) -> MSDAProblem:
+    """Check and normalize the MSDA arguments; return the call's :class:`MSDAProblem`.
+
+    ``padding_modes`` narrows the accepted modes for backends without reflection.
+    ``grad_output`` (backward only) must be (B, N_q, N_h*C_h).
+    """
+    value_layout = _check_choice("value_layout", value_layout, VALUE_LAYOUTS)
+    sampling_locations_layout = _check_choice(
+        "sampling_locations_layout", sampling_locations_layout, LOCATION_LAYOUTS)
+    padding_mode = _check_choice("padding_mode", padding_mode, tuple(padding_modes))
+    if not isinstance(align_corners, (bool,)) and type(align_corners).__name__ != "bool_":
+        raise TypeError(f"align_corners: expected a bool, got {align_corners!r}")
+    align_corners = bool(align_corners)
+
+    shapes = normalize_spatial_shapes(spatial_shapes)
+    starts = normalize_level_start_index(level_start_index, shapes)
+    total_pixels = sum(h * w for h, w in shapes)
+
+    vshape = check_float_tensor("value", value, 4)
+    if value_layout == "BLNC":
+        batch, length, heads, channels = vshape
+        dims = "(B, L, N_h, C_h)"
+    else:
+        batch, heads, length, channels = vshape
+        dims = "(B, N_h, L, C_h)"
+    if min(vshape) <= 0:
+        raise ValueError(f"value: expected non-empty dims {dims} for layout {value_layout}, got shape {vshape}")
+    if length != total_pixels:
+        raise ValueError(
+            f"value: expected L = sum(H*W) = {total_pixels} (from spatial_shapes) in layout "
+            f"{value_layout} {dims}, got shape {vshape}")
+
+    lshape = check_float_tensor("sampling_locations", sampling_locations, 6)
+    if sampling_locations_layout == "BQHLP2":
+        lb, queries, lh, levels, points, two = lshape
+        ldims = "(B, N_q, N_h, N_l, N_p, 2)"
+    else:
+        lb, two, queries, lh, levels, points = lshape
+        ldims = "(B, 2, N_q, N_h, N_l, N_p)"
+    num_levels = len(shapes)
+    expect_loc = {"B": (lb, batch), "N_h": (lh, heads), "N_l": (levels, num_levels), "2": (two, 2)}
+    for dim, (got, want) in expect_loc.items():
+        if got != want:
+            raise ValueError(
+                f"sampling_locations: expected {ldims} with {dim} = {want} (layout "
+                f"{sampling_locations_layout}, value {vshape}, {num_levels} levels), got shape {lshape}")
+    if queries <= 0 or points <= 0:
+        raise ValueError(f"sampling_locations: expected N_q >= 1 and N_p >= 1 in {ldims}, got shape {lshape}")
+
+    wshape = check_float_tensor("attention_weights", attention_weights, 5)
+    want_w = (batch, queries, heads, num_levels, points)
+    if wshape != want_w:
+        raise ValueError(
+            f"attention_weights: expected shape (B, N_q, N_h, N_l, N_p) = {want_w}, got {wshape}")
+
+    if grad_output is not None:
+        gshape = check_float_tensor("grad_output", grad_output, 3)
+        want_g = (batch, queries, heads * channels)
+        if gshape != want_g:
+            raise ValueError(f"grad_output: expected shape (B, N_q, N_h*C_h) = {want_g}, got {gshape}")
+
+    return MSDAProblem(
+        batch=batch, num_queries=queries, num_heads=heads, head_dim=channels,
+        num_levels=num_levels, num_points=points, spatial_shapes=shapes, level_start_index=starts,
+        value_layout=value_layout, sampling_locations_layout=sampling_locations_layout,
+        align_corners=align_corners, padding_mode=padding_mode)
