@@ -193,7 +193,8 @@ def validate_msda_args(
     sampling_locations_layout = _check_choice(
         "sampling_locations_layout", sampling_locations_layout, LOCATION_LAYOUTS)
     padding_mode = _check_choice("padding_mode", padding_mode, tuple(padding_modes))
-    if not isinstance(align_corners, (bool,)) and type(align_corners).__name__ != "bool_":
+    # NumPy's bool scalar type is named "bool" in NumPy 2 and "bool_" in NumPy 1.
+    if not isinstance(align_corners, bool) and type(align_corners).__name__ not in ("bool", "bool_"):
         raise TypeError(f"align_corners: expected a bool, got {align_corners!r}")
     align_corners = bool(align_corners)
 

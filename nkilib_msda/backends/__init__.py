@@ -1,0 +1,66 @@
+"""Registry of MSDA compute backends for torch tensors.
+
+Every backend module implements the same interface:
+
+- ``is_available() -> bool``
+- ``unsupported_reason(problem, value, sampling_locations) -> str | None``
+- ``msda_forward(value, problem, sampling_locations, attention_weights) -> Tensor``
+  (B, N_q, N_h*C_h) in value's dtype
+- ``msda_backward(grad_output, value, problem, sampling_locations, attention_weights, compute)
+  -> (grad_value, grad_sampling_locations, grad_attention_weights)`` in the input layouts, any
+  float dtype, zeros where ``compute`` is False.
+
+Modules are imported lazily so that e.g. Triton is only imported when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["BACKEND_NAMES", "BackendUnavailableError", "get_backend", "backend_availability"]
+
+_MODULES = {
+    "reference": "nkilib_msda.backends.reference_torch",
+    "nki": "nkilib_msda.backends.nki_backend",
+    "triton": "nkilib_msda.backends.triton_backend",
+}
+BACKEND_NAMES = tuple(_MODULES)
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run in this environment (or for this problem)."""
+
+
+# Imported backend modules. A plain dict lookup keeps `get_backend` traceable by torch.compile
+# once a backend has been imported (importlib itself is not traceable).
+_LOADED: dict[str, ModuleType] = {}
+
+
+def get_backend(name: str) -> ModuleType:
+    """The backend module called ``name`` ('reference', 'nki' or 'triton')."""
+    module = _LOADED.get(name)
+    if module is not None:
+        return module
+    if not isinstance(name, str) or name not in _MODULES:
+        raise ValueError(f"backend: expected one of {list(BACKEND_NAMES)} or None, got {name!r}")
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except ImportError as exc:
+        raise BackendUnavailableError(f"backend {name!r} could not be imported: {exc}") from exc
+    _LOADED[name] = module
+    return module
+
+
+def backend_availability() -> dict[str, str]:
+    """For ``info``: each backend name -> 'available' or why not."""
+    status = {}
+    for name in BACKEND_NAMES:
+        try:
+            module = get_backend(name)
+            ok = module.is_available()
+        except Exception as exc:  # noqa: BLE001 - report, never fail `info`
+            status[name] = f"unavailable ({type(exc).__name__}: {exc})"
+            continue
+        status[name] = "available" if ok else "unavailable"
+    return status

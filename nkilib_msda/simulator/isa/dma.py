@@ -1,1 +1,509 @@
-__all__: list[str] = []
+"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (nki-subset.md §4 DMA).
+
+Every operand is resolved to (storage, dtype, element addresses, valid mask); the
+instruction is then one NumPy gather -> (cast / sum) -> scatter.
+
+Conservative choices where the docs are silent (also in docs/simulator.md):
+- Raw ints for enum parameters are rejected (§7a.5 "raw-int enums").
+- ``oob_mode.skip`` is only accepted when one operand is dynamic (vector_offset,
+  scalar_offset or a dynamic select), for all three instructions.
+- A (P, M>1) multi-column index tile is accepted only by ``dma_transpose`` (the only
+  documented use); ``dma_copy``/``dma_compute`` need (P, 1) indices whose P equals the first
+  pattern count.
+- Only one side of a DMA may be indirect (vector_offset).
+- Duplicate destination addresses in one scatter / scatter-RMW raise NkiError unless the
+  simulation runs with ``duplicate_scatter="last_writer_wins"``; a static destination with a
+  stride-0 dim (two writes to one element) is always rejected.
+- dma_transpose HWDGE shape rules apply when ``dge_mode=hwdge`` is requested.
+- Equal dtypes copy bits; different dtypes cast src -> fp32 -> dst with the NKI cast rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+import numpy as np
+
+from nkilib_msda.simulator.access import may_overlap, read, read_raw, write_raw
+from nkilib_msda.simulator.context import current
+from nkilib_msda.simulator.dtypes import cast_values, uint32
+from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.isa.enums import dge_mode as _dge_mode
+from nkilib_msda.simulator.isa.enums import engine as _engine
+from nkilib_msda.simulator.isa.enums import oob_mode as _oob_mode
+from nkilib_msda.simulator.tensor import DynamicAccess, IndirectAccess, NkiTensor, Storage
+
+__all__ = ["dma_copy", "dma_transpose", "dma_compute"]
+
+MAX_DMA_COMPUTE_SOURCES = 16
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+# -- operand resolution -----------------------------------------------------------------------
+@dataclass
+class _Operand:
+    """A DMA operand at execution time."""
+
+    storage: Storage
+    dtype: Any
+    addr: np.ndarray  # int64, operand shape (rows first for indirect operands)
+    valid: np.ndarray | None  # bool, operand shape; None = all valid
+    kind: str  # static | indirect | dynamic
+    side: str  # hbm | sbuf
+    descriptors: dict[int, int] | None = None
+    skipped_rows: int = 0
+    flat: Any = None  # row-major flat index: slice (contiguous) or int64 array
+    overlap_free: bool = False  # proven: no element addressed twice
+    row_bases: np.ndarray | None = None  # indirect: valid rows' start addresses
+    row_extent: int = 0  # indirect: elements spanned by one row
+
+    def __post_init__(self) -> None:
+        if self.flat is None:
+            self.flat = self.addr.reshape(-1)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def index(self, mask: np.ndarray | None) -> Any:
+        """Flat addresses of the transferred elements (a slice when possible)."""
+        if mask is None:
+            return self.flat
+        return self.addr.reshape(-1)[mask]
+
+
+def _enum(instruction: str, name: str, value: Any, cls: type[Enum]) -> Enum:
+    if isinstance(value, cls):
+        return value
+    raise nki_error(instruction, "enum argument",
+                    f"{name} must be a member of nisa.{cls.__name__} (e.g. "
+                    f"nisa.{cls.__name__}.{next(iter(cls.__members__))}), got {value!r}")
+
+
+def _check_operand(instruction: str, role: str, x: Any) -> None:
+    if not isinstance(x, (NkiTensor, IndirectAccess, DynamicAccess)):
+        raise nki_error(instruction, "operand type",
+                        f"{role} must be an NKI tensor or access pattern, got {type(x).__name__}")
+    if x.buffer == "psum":
+        raise nki_error(instruction, "DMA PSUM access",
+                        f"{role} ({x.name or 'unnamed'}) is in PSUM; DMA engines access HBM and "
+                        "SBUF only (copy PSUM to SBUF with nisa.tensor_copy first)")
+
+
+def _side(x: Any) -> str:
+    return "sbuf" if x.buffer == "sbuf" else "hbm"
+
+
+_RUNS_CACHE: dict[tuple, dict[int, int]] = {}
+
+
+def _run_histogram(acc: IndirectAccess, rows: int) -> dict[int, int]:
+    """Descriptors of ``rows`` rows: one per contiguous run of a row's elements."""
+    if rows <= 0:
+        return {}
+    key = (acc.shape[1:], acc.free_strides, acc.dtype.itemsize)
+    per_row = _RUNS_CACHE.get(key)
+    if per_row is None:
+        flat = acc.row_offsets().reshape(-1)
+        breaks = np.flatnonzero(np.diff(flat) != 1)
+        edges = np.concatenate(([0], breaks + 1, [flat.size]))
+        lengths, counts = np.unique(np.diff(edges), return_counts=True)
+        per_row = {int(n) * acc.dtype.itemsize: int(c) for n, c in zip(lengths, counts)}
+        if len(_RUNS_CACHE) > 4096:
+            _RUNS_CACHE.clear()
+        _RUNS_CACHE[key] = per_row
+    return {size: count * rows for size, count in per_row.items()}
+
+
+def _oob_rows(instruction: str, acc: IndirectAccess, rows: np.ndarray, base: np.ndarray,
+              extent: int, oob: Enum) -> np.ndarray | None:
+    """Bool (R,) of rows that address anything outside the receiver's storage (None: none).
+
+    Strides are non-negative, so a row spans [base, base + extent - 1]."""
+    numel = acc.storage.numel(acc.dtype.itemsize)
+    if rows.size == 0 or (int(rows.min()) >= 0 and int(base.max()) + extent <= numel):
+        return None
+    bad = (rows < 0) | (base < 0) | (base + extent > numel)
+    if oob is _oob_mode.error:
+        which = np.flatnonzero(bad)
+        shown = ", ".join(f"row {int(r)}: index {int(rows[r])}" for r in which[:4])
+        raise nki_error(instruction, "out-of-bounds index",
+                        f"{which.size} of {rows.size} indirect rows leave {acc.name or 'the tensor'}"
+                        f" ({numel} {acc.dtype} elements; {shown}); use oob_mode=nisa.oob_mode.skip "
+                        "to drop them")
+    return bad
+
+
+def _resolve_indirect(instruction: str, acc: IndirectAccess, rows: np.ndarray,
+                      oob: Enum) -> _Operand:
+    """Addresses of an indirect access given the per-row index values ``rows`` (R,)."""
+    rows = rows.astype(np.int64)
+    base = acc.offset + rows * acc.row_stride
+    row_off = acc.row_offsets()
+    extent = 1 + sum(s * (n - 1) for s, n in zip(acc.free_strides, acc.shape[1:]))
+    bad = _oob_rows(instruction, acc, rows, base, extent, oob)
+    free_nd = row_off.ndim
+    lead = (rows.size,) + (1,) * free_nd
+    if bad is None:
+        addr = base.reshape(lead) + row_off
+        valid = None
+        n_bad = 0
+        ok_bases = base
+    else:
+        addr = np.where(bad, 0, base).reshape(lead) + row_off  # never touch OOB memory
+        valid = np.broadcast_to(~bad.reshape(lead), addr.shape)
+        n_bad = int(np.count_nonzero(bad))
+        ok_bases = base[~bad]
+    hist = _run_histogram(acc, rows.size - n_bad)
+    row_ok = not may_overlap(acc.shape[1:], acc.free_strides)
+    return _Operand(acc.storage, acc.dtype, addr, valid, "indirect", "hbm", hist, n_bad,
+                    row_bases=ok_bases, row_extent=extent if row_ok else -1)
+
+
+def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:
+    """(P,) index values of a dma_copy/dma_compute indirect access ((P,1) index tile)."""
+    idx = acc.index
+    if idx.ndim != 2 or idx.shape[1] != 1:
+        raise nki_error(instruction, "vector_offset shape",
+                        f"indices must be (P, 1), got {idx.shape}; a (P, M) multi-column index "
+                        "tile is documented only for dma_transpose")
+    if idx.shape[0] != acc.shape[0]:
+        raise nki_error(instruction, "vector_offset shape",
+                        f"the first pattern count ({acc.shape[0]}) must equal the number of "
+                        f"index partitions ({idx.shape[0]})")
+    return read(idx, instruction).reshape(-1)
+
+
+def _resolve_dynamic(instruction: str, acc: DynamicAccess, oob: Enum) -> _Operand:
+    value = int(read(acc.scalar, instruction).reshape(-1)[0])
+    static = NkiTensor(acc.storage, acc.dtype, acc.shape, acc.strides, 0, acc.name).addresses()
+    addr = static + (acc.offset + value * acc.scale)
+    numel = acc.storage.numel(acc.dtype.itemsize)
+    bad = addr.size and (addr.min() < 0 or addr.max() >= numel)
+    if acc.storage.is_on_chip and not bad:
+        ppe = acc.storage.ppe(acc.dtype.itemsize)
+        parts = acc.offset // ppe + np.arange(acc.shape[0]).reshape((-1,) + (1,) * (addr.ndim - 1))
+        bad = bool(np.any(addr // ppe != parts))
+    if bad:
+        if oob is _oob_mode.error:
+            raise nki_error(instruction, "out-of-bounds index",
+                            f"dynamic offset value {value} moves {acc.name or 'the access'} "
+                            f"outside its storage")
+        return _Operand(acc.storage, acc.dtype, np.zeros_like(addr), np.zeros(addr.shape, bool),
+                        "dynamic", _side(acc), None, 1)
+    return _Operand(acc.storage, acc.dtype, addr, None, "dynamic", _side(acc),
+                    overlap_free=not may_overlap(acc.shape, acc.strides))
+
+
+def _resolve_static(t: NkiTensor) -> _Operand:
+    flat = t.flat_index()
+    return _Operand(t.storage, t.dtype, t.addresses(), None, "static", _side(t), flat=flat,
+                    overlap_free=isinstance(flat, slice) or not may_overlap(t.shape, t.strides))
+
+
+def _resolve(instruction: str, x: Any, oob: Enum) -> _Operand:
+    if isinstance(x, IndirectAccess):
+        return _resolve_indirect(instruction, x, _index_column(instruction, x), oob)
+    if isinstance(x, DynamicAccess):
+        return _resolve_dynamic(instruction, x, oob)
+    return _resolve_static(x)
+
+
+# -- transfer helpers ---------------------------------------------------------------------------
+def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray | None) -> None:
+    if dst.overlap_free:
+        return
+    if dst.kind == "indirect" and dst.row_extent > 0:
+        bases = np.sort(dst.row_bases)
+        if bases.size < 2 or int(np.diff(bases).min()) >= dst.row_extent:
+            return  # distinct, non-overlapping rows
+    addr = dst.index(mask)
+    if isinstance(addr, slice) or addr.size < 2:
+        return
+    if dst.kind != "indirect":
+        if np.unique(addr).size != addr.size:
+            raise nki_error(instruction, "overlapping destination",
+                            "the destination view writes some elements more than once "
+                            "(stride-0 / broadcast or overlapping pattern)")
+        return
+    if np.unique(addr).size != addr.size:
+        if current().options.duplicate_scatter == "last_writer_wins":
+            return
+        raise nki_error(instruction, "duplicate scatter indices",
+                        "two indirect rows of one scatter write the same destination elements; "
+                        "on hardware the DMA writes race and updates are lost (use unique "
+                        "indices, or simulate(..., duplicate_scatter='last_writer_wins'))")
+
+
+def _transfer_mask(*ops: _Operand) -> np.ndarray | None:
+    mask = None
+    for op in ops:
+        if op.valid is not None:
+            v = op.valid.reshape(-1)
+            mask = v if mask is None else (mask & v)
+    return mask
+
+
+def _convert(values: np.ndarray, src_dtype: Any, dst_dtype: Any) -> np.ndarray:
+    if src_dtype == dst_dtype:
+        return values
+    return cast_values(values.astype(np.float32), dst_dtype)
+
+
+def _direction(src_sides: Sequence[str], dst_side: str) -> str:
+    sides = set(src_sides)
+    src = sides.pop() if len(sides) == 1 else "mixed"
+    return f"{src}_to_{dst_side}"
+
+
+def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, elements: int,
+             direction: str | None = None) -> None:
+    """Record one DMA; a read-modify-write lists its destination among ``srcs`` so the HBM
+    read is counted, and passes the data-flow ``direction`` explicitly."""
+    hbm = sum(elements * s.itemsize for s in srcs if s.side == "hbm")
+    if dst.side == "hbm":
+        hbm += elements * dst.itemsize
+    indirect = [op for op in (*srcs, dst) if op.kind == "indirect"]
+    descriptors = indirect[0].descriptors if indirect else None
+    skipped = sum(op.skipped_rows for op in (*srcs, dst) if op.kind != "static")
+    direction = direction or _direction([s.side for s in srcs], dst.side)
+    current().report.add_dma(opcode, kind, direction,
+                             elements, elements * dst.itemsize, hbm, descriptors, skipped)
+
+
+# -- dma_copy ----------------------------------------------------------------------------------------
+def dma_copy(dst: Any, src: Any, oob_mode: Any = _oob_mode.error, dge_mode: Any = _dge_mode.unknown,
+             engine: Any = _engine.unknown, name: str | None = None) -> None:
+    """``dst = src`` (equal element counts, row-major pairing) between HBM and SBUF.
+
+    Gather: ``src=hbm.ap(..., vector_offset=idx)`` (row ``idx[p]`` -> partition p).
+    Scatter: ``dst=hbm.ap(..., vector_offset=idx)``. Different dtypes cast via fp32.
+    """
+    ins = "dma_copy"
+    oob = _enum(ins, "oob_mode", oob_mode, _oob_mode)
+    dge = _enum(ins, "dge_mode", dge_mode, _dge_mode)
+    eng = _enum(ins, "engine", engine, _engine)
+    _check_operand(ins, "dst", dst)
+    _check_operand(ins, "src", src)
+    indirect = [x for x in (dst, src) if isinstance(x, IndirectAccess)]
+    dynamic = [x for x in (dst, src) if isinstance(x, (IndirectAccess, DynamicAccess))]
+    if len(indirect) == 2:
+        raise nki_error(ins, "one indirection", "src and dst cannot both use vector_offset")
+    if eng is not _engine.unknown:
+        if dge is not _dge_mode.hwdge:
+            raise nki_error(ins, "engine requires hwdge",
+                            f"engine={eng} is only allowed with dge_mode=nisa.dge_mode.hwdge")
+        if eng not in (_engine.sync, _engine.scalar, _engine.activation):
+            raise nki_error(ins, "engine", f"HWDGE queues are driven by sync or scalar, got {eng}")
+    if indirect and dge in (_dge_mode.hwdge, _dge_mode.none):
+        raise nki_error(ins, "indirection requires swdge",
+                        f"vector_offset needs SWDGE (dge_mode unknown or swdge), got {dge}")
+    if dge is _dge_mode.hwdge and src.dtype != dst.dtype:
+        raise nki_error(ins, "hwdge dtype", f"HWDGE copies cannot cast: src {src.dtype} != "
+                                            f"dst {dst.dtype}")
+    if oob is _oob_mode.skip and not dynamic:
+        raise nki_error(ins, "oob_mode.skip without indirection",
+                        "oob_mode=skip is only meaningful with a vector_offset/scalar_offset access")
+    if dst.size != src.size:
+        raise nki_error(ins, "DMA element count",
+                        f"src has {src.size} elements {tuple(src.shape)}, dst has {dst.size} "
+                        f"{tuple(dst.shape)}; DMA element counts must match")
+    s = _resolve(ins, src, oob)
+    d = _resolve(ins, dst, oob)
+    mask = _transfer_mask(s, d)
+    _check_destination_unique(ins, d, mask)
+    s_addr, d_addr = s.index(mask), d.index(mask)
+    values = read_raw(s.storage, s_addr, s.dtype, ins, src.name)
+    write_raw(d.storage, d_addr, _convert(values, s.dtype, d.dtype), d.dtype)
+    kind = "indirect_scatter" if isinstance(dst, IndirectAccess) else (
+        "indirect_gather" if isinstance(src, IndirectAccess) else "direct")
+    _account(ins, kind, [s], d, int(values.size))
+
+
+# -- dma_transpose -------------------------------------------------------------------------------
+def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
+    idx = acc.index
+    if idx.dtype != uint32:
+        raise nki_error(ins, "index dtype", f"indirect dma_transpose needs uint32 indices, got {idx.dtype}")
+    if idx.ndim != 2:
+        raise nki_error(ins, "index shape", f"indices must be 2-D, got {idx.shape}")
+    p, m = idx.shape
+    if not (16 <= p <= 128 and p % 16 == 0):
+        raise nki_error(ins, "index shape",
+                        f"indices.shape[0] must be a multiple of 16 in [16, 128], got {p}")
+    if m > 1 and p != 128:
+        raise nki_error(ins, "index shape",
+                        f"indices with {m} > 1 columns need 128 partitions, got {p}")
+    rows = acc.shape[0]
+    if idx.size < rows:
+        raise nki_error(ins, "index count", f"indices.size={idx.size} < src.shape[0]={rows}")
+    values = read(idx, ins)
+    # Column-major consumption: row r of src comes from indices.T.flatten()[r], so
+    # dst column k*128 + p comes from indices[p, k].
+    return values.T.reshape(-1)[:rows]
+
+
+def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mode.unknown,
+                  oob_mode: Any = _oob_mode.error, name: str | None = None) -> None:
+    """``dst = src.transpose(axes)`` for 2-byte dtypes into SBUF; ``src`` may be an indirect
+    HBM access (uint32 indices consumed column-major)."""
+    ins = "dma_transpose"
+    oob = _enum(ins, "oob_mode", oob_mode, _oob_mode)
+    dge = _enum(ins, "dge_mode", dge_mode, _dge_mode)
+    _check_operand(ins, "dst", dst)
+    _check_operand(ins, "src", src)
+    if not isinstance(dst, NkiTensor) or dst.buffer != "sbuf":
+        raise nki_error(ins, "dst buffer", f"dst must be a static SBUF tensor, got {dst!r}")
+    if src.dtype != dst.dtype:
+        raise nki_error(ins, "dtype agreement", f"src {src.dtype} != dst {dst.dtype}")
+    if src.dtype.itemsize != 2:
+        raise nki_error(ins, "2-byte dtype",
+                        f"dma_transpose supports 2-byte dtypes (bfloat16, float16), got {src.dtype}")
+    rank = len(src.shape)
+    if rank not in _TRANSPOSE_AXES:
+        raise nki_error(ins, "rank", f"src must be 2-D, 3-D or 4-D, got {src.shape}")
+    expected_axes = _TRANSPOSE_AXES[rank]
+    axes_t = expected_axes if axes is None else tuple(int(a) for a in axes)
+    if axes_t != expected_axes:
+        raise nki_error(ins, "axes", f"a {rank}-D transpose supports axes={expected_axes}, got {axes_t}")
+    out_shape = tuple(src.shape[a] for a in axes_t)
+    if tuple(dst.shape) != out_shape:
+        raise nki_error(ins, "dst shape", f"dst.shape {dst.shape} != permuted src.shape {out_shape}")
+    indirect = isinstance(src, IndirectAccess)
+    dynamic = indirect or isinstance(src, DynamicAccess)
+    if oob is _oob_mode.skip and not dynamic:
+        raise nki_error(ins, "oob_mode.skip without indirection",
+                        "oob_mode=skip needs an indirect (vector_offset) or scalar_offset src")
+    if dge is _dge_mode.hwdge:
+        if indirect:
+            raise nki_error(ins, "indirection requires swdge", "HWDGE cannot do indirection")
+        s0 = src.shape[0]
+        if rank == 2 and s0 != 16:
+            raise nki_error(ins, "hwdge shape", f"2-D HWDGE transpose needs src.shape[0] == 16, got {s0}")
+        if rank > 2 and (s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16):
+            raise nki_error(ins, "hwdge shape",
+                            f"3-D/4-D HWDGE transpose needs src.shape[0] in {{1,2,4,8,16}} and "
+                            f"(shape[0]*shape[-2]) % 16 == 0, got {src.shape}")
+        if src.shape[-1] > 128:
+            raise nki_error(ins, "hwdge shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+    if indirect:
+        if dge is _dge_mode.none:
+            raise nki_error(ins, "indirection requires swdge", "dge_mode=none cannot do indirection")
+        if src.shape[-1] > 128:
+            raise nki_error(ins, "indirect shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+        if src.shape[0] % 16:
+            raise nki_error(ins, "indirect shape",
+                            f"src.shape[0] must be a multiple of 16, got {src.shape[0]}")
+        if rank == 4 and src.shape[1] != 1 and src.shape[2] != 1:
+            raise nki_error(ins, "indirect shape", f"4-D: shape[1] or shape[2] must be 1, got {src.shape}")
+        s = _resolve_indirect(ins, src, _transpose_indices(ins, src), oob)
+    else:
+        s = _resolve(ins, src, oob)
+    d = _resolve_static(dst)
+    src_addr = np.transpose(s.addr, axes_t).reshape(-1)
+    d_addr = d.addr.reshape(-1)
+    _check_destination_unique(ins, d, None)
+    if s.valid is not None:
+        keep = np.transpose(s.valid, axes_t).reshape(-1)
+        src_addr, d_addr = src_addr[keep], d_addr[keep]
+    values = read_raw(s.storage, src_addr, s.dtype, ins, src.name)
+    write_raw(d.storage, d_addr, values, d.dtype)
+    _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size))
+
+
+# -- dma_compute -----------------------------------------------------------------------------------
+def _is_add(op: Any) -> bool:
+    from nkilib_msda.simulator.alu import NkiOp
+
+    return isinstance(op, NkiOp) and op.name == "add"
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    return (isinstance(a, NkiTensor) and isinstance(b, NkiTensor) and a.storage is b.storage
+            and a.shape == b.shape and a.strides == b.strides and a.offset == b.offset
+            and a.dtype == b.dtype)
+
+
+def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
+                unique_indices: bool = True, oob_mode: Any = _oob_mode.error,
+                name: str | None = None) -> None:
+    """``dst = sum(srcs)`` in fp32 (then cast), 1..16 sources of equal element counts.
+
+    Scatter-RMW: ``dst=hbm.ap(vector_offset=idx)``, ``srcs=[same ap, sbuf_data]``.
+    Gather-RMW: ``dst=sbuf``, ``srcs=[hbm.ap(vector_offset=idx), dst]``.
+    """
+    ins = "dma_compute"
+    oob = _enum(ins, "oob_mode", oob_mode, _oob_mode)
+    if not isinstance(srcs, (list, tuple)):
+        raise nki_error(ins, "srcs", f"srcs must be a list or tuple, got {type(srcs).__name__}")
+    if not 1 <= len(srcs) <= MAX_DMA_COMPUTE_SOURCES:
+        raise nki_error(ins, "source count",
+                        f"{len(srcs)} sources; dma_compute takes 1 to {MAX_DMA_COMPUTE_SOURCES}")
+    if not _is_add(reduce_op):
+        raise nki_error(ins, "reduce_op", f"reduce_op must be nl.add, got {reduce_op!r}")
+    if scales is not None:
+        if not isinstance(scales, (list, tuple)) or len(scales) != len(srcs) or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != 1.0
+                for v in scales):
+            raise nki_error(ins, "scales", f"scales must be None or all 1.0 (one per source), "
+                                           f"got {scales!r}")
+    if unique_indices is not True:
+        raise nki_error(ins, "unique_indices",
+                        "unique_indices must be True (non-unique indices are not supported)")
+    _check_operand(ins, "dst", dst)
+    for i, s in enumerate(srcs):
+        _check_operand(ins, f"srcs[{i}]", s)
+        if s.size != dst.size:
+            raise nki_error(ins, "DMA element count",
+                            f"srcs[{i}] has {s.size} elements, dst has {dst.size}")
+    ops = [dst, *srcs]
+    dynamic = any(isinstance(x, (IndirectAccess, DynamicAccess)) for x in ops)
+    if oob is _oob_mode.skip and not dynamic:
+        raise nki_error(ins, "oob_mode.skip without indirection",
+                        "oob_mode=skip needs an indirect (vector_offset) or scalar_offset operand")
+    indirect_srcs = [i for i, s in enumerate(srcs) if isinstance(s, IndirectAccess)]
+    if isinstance(dst, IndirectAccess):
+        if len(srcs) != 2 or not dst.same_access(srcs[0]) or isinstance(srcs[1], IndirectAccess):
+            raise nki_error(ins, "scatter-RMW form",
+                            "an indirect dst needs srcs=[the same indirect access, data] "
+                            "(exactly two sources)")
+        if srcs[1].buffer != "sbuf":
+            raise nki_error(ins, "scatter-RMW form", f"the data source must be in SBUF, got {srcs[1].buffer}")
+        d = _resolve(ins, dst, oob)
+        data = _resolve(ins, srcs[1], oob)
+        mask = _transfer_mask(d, data)
+        _check_destination_unique(ins, d, mask)
+        d_addr, s_addr = d.index(mask), data.index(mask)
+        old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
+        add = read_raw(data.storage, s_addr, data.dtype, ins, srcs[1].name).astype(np.float32)
+        write_raw(d.storage, d_addr, cast_values(old + add, d.dtype), d.dtype)
+        _account(ins, "indirect_rmw", [data, d], d, int(old.size), "sbuf_to_hbm")
+        return
+    if indirect_srcs:
+        if len(srcs) != 2 or indirect_srcs != [0] or not _same_static(srcs[1], dst) \
+                or dst.buffer != "sbuf":
+            raise nki_error(ins, "gather-RMW form",
+                            "an indirect source needs dst=sbuf tile and srcs=[indirect access, dst]")
+        g = _resolve(ins, srcs[0], oob)
+        d = _resolve_static(dst)
+        mask = _transfer_mask(g)
+        g_addr, d_addr = g.index(mask), d.index(mask)
+        _check_destination_unique(ins, d, None)
+        old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
+        add = read_raw(g.storage, g_addr, g.dtype, ins, srcs[0].name).astype(np.float32)
+        write_raw(d.storage, d_addr, cast_values(old + add, d.dtype), d.dtype)
+        _account(ins, "indirect_rmw", [g, d], d, int(old.size), "hbm_to_sbuf")
+        return
+    resolved = [_resolve(ins, s, oob) for s in srcs]
+    d = _resolve(ins, dst, oob)
+    mask = _transfer_mask(d, *resolved)
+    _check_destination_unique(ins, d, mask)
+    d_addr = d.index(mask)
+    total = None
+    for s, src in zip(resolved, srcs):
+        values = read_raw(s.storage, s.index(mask), s.dtype, ins, src.name).astype(np.float32)
+        total = values if total is None else total + values
+    write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)
+    _account(ins, "compute", resolved, d, int(total.size))

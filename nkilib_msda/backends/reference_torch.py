@@ -1,0 +1,243 @@
+"""Vectorized PyTorch MSDA with an analytic backward (the "reference" backend).
+
+Runs on any device and dtype, supports every layout and the three padding modes, and follows
+msda-design.md Part A exactly: ``loc[..., 0]`` is x along W, pixel x = u*W - 0.5
+(``align_corners=False``) or u*(W-1) (``True``), corners (y0,x0), (y0,x1), (y1,x0), (y1,x1),
+grid_sample's padding rules, and exact derivatives (0 where a coordinate is clipped). A NaN
+coordinate (any non-finite one in reflection mode) contributes nothing and gets zero gradient.
+
+The backward is analytic (gather + ``index_add_``): autograd is off inside custom-op
+implementations, so it may not rely on ``torch.autograd``. Coordinates and accumulation are
+float64 for float64 inputs and float32 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nkilib_msda.validation import MSDAProblem
+
+__all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward"]
+
+
+def is_available() -> bool:
+    """The reference backend works wherever torch does."""
+    return True
+
+
+def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
+                       sampling_locations: torch.Tensor) -> str | None:
+    """The reference backend supports every problem, layout, padding mode and dtype."""
+    return None
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _value_rows(value: torch.Tensor, problem: MSDAProblem, dtype: torch.dtype) -> torch.Tensor:
+    """Value as (B*N_h*L, C_h) rows ordered (b, h, pixel)."""
+    v = value.to(dtype)
+    if problem.value_layout == "BLNC":
+        v = v.permute(0, 2, 1, 3)
+    return v.reshape(-1, problem.head_dim)
+
+
+def _rows_to_value_layout(rows: torch.Tensor, problem: MSDAProblem) -> torch.Tensor:
+    """Inverse of :func:`_value_rows`: (B*N_h*L, C_h) back to the value layout."""
+    p = problem
+    v = rows.view(p.batch, p.num_heads, p.total_pixels, p.head_dim)
+    if p.value_layout == "BLNC":
+        v = v.permute(0, 2, 1, 3)
+    return v.contiguous()
+
+
+def _locations_xy(sampling_locations: torch.Tensor, problem: MSDAProblem, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalized (u, v), each (B, N_q, N_h, N_l, N_p)."""
+    loc = sampling_locations.to(dtype)
+    if problem.sampling_locations_layout == "BQHLP2":
+        return loc[..., 0], loc[..., 1]
+    return loc[:, 0], loc[:, 1]
+
+
+def _to_location_layout(grad_u: torch.Tensor, grad_v: torch.Tensor, problem: MSDAProblem
+                        ) -> torch.Tensor:
+    axis = -1 if problem.sampling_locations_layout == "BQHLP2" else 1
+    return torch.stack((grad_u, grad_v), dim=axis)
+
+
+# ------------------------------------------------------- per-axis coordinates
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """Bilinear data along one axis; tensors shaped like the samples (B, N_q, N_h, N_l, N_p).
+
+    ``index0/index1`` are corner indices clamped into the map; ``valid0/valid1`` whether the
+    unclamped corner lies inside it (and the sample is usable); ``frac`` = p - floor(p);
+    ``deriv`` = d p / d u (0 where clipped or unusable, negative where reflected).
+    """
+
+    index0: torch.Tensor
+    index1: torch.Tensor
+    valid0: torch.Tensor
+    valid1: torch.Tensor
+    frac: torch.Tensor
+    deriv: torch.Tensor
+
+
+def _reflect(px: torch.Tensor, size: torch.Tensor, align_corners: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mirror about 0 and size-1 (align_corners) or -0.5 and size-0.5; returns (coord, +-1)."""
+    low = torch.zeros_like(size) if align_corners else torch.full_like(size, -0.5)
+    span = (size - 1.0) if align_corners else size
+    safe_span = torch.where(span > 0, span, torch.ones_like(span))
+    offset = px - low
+    sign = torch.where(offset < 0, -1.0, 1.0).to(px.dtype)
+    folded = torch.fmod(offset.abs(), 2.0 * safe_span)
+    mirrored = folded >= safe_span
+    reflected = torch.where(mirrored, 2.0 * safe_span - folded, folded) + low
+    sign = torch.where(mirrored, -sign, sign)
+    degenerate = span <= 0  # a single pixel with align_corners: everything maps to 0
+    return (torch.where(degenerate, torch.zeros_like(px), reflected),
+            torch.where(degenerate, torch.zeros_like(sign), sign))
+
+
+def _axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode: str) -> _Axis:
+    """Corners, fractions and derivative of one normalized coordinate; ``size`` per level (N_l, 1)."""
+    scale = (size - 1.0) if align_corners else size
+    px = u * scale - (0.0 if align_corners else 0.5)
+    px = torch.where(scale == 0, torch.zeros_like(px), px)  # 1-pixel axis with align_corners
+    usable = torch.isfinite(u) if padding_mode == "reflection" else ~torch.isnan(u)
+    if padding_mode == "reflection":
+        usable = usable & torch.isfinite(px)
+    px = torch.where(usable, px, torch.zeros_like(px))
+    deriv = torch.where(usable, scale.expand_as(px), torch.zeros_like(px))
+    if padding_mode == "zeros":
+        # Beyond [-2, size+1] both corners are outside anyway; this only bounds the indices.
+        px = torch.minimum(torch.maximum(px, torch.full_like(px, -2.0)), size + 1.0)
+    else:
+        if padding_mode == "reflection":
+            px, sign = _reflect(px, size, align_corners)
+            deriv = deriv * sign
+        inside = (px > 0) & (px < size - 1.0)
+        px = torch.minimum(torch.maximum(px, torch.zeros_like(px)), size - 1.0)
+        deriv = deriv * inside
+    lower = torch.floor(px)
+    index0 = lower.to(torch.int64)
+    index1 = index0 + 1
+    isize = size.to(torch.int64)
+    valid0 = usable & (index0 >= 0) & (index0 < isize)
+    valid1 = usable & (index1 >= 0) & (index1 < isize)
+    zero = torch.zeros_like(index0)
+    last = (isize - 1).expand_as(index0)
+    return _Axis(
+        index0=torch.minimum(torch.maximum(index0, zero), last),
+        index1=torch.minimum(torch.maximum(index1, zero), last),
+        valid0=valid0, valid1=valid1, frac=px - lower, deriv=deriv)
+
+
+# ------------------------------------------------------- bilinear sampling terms
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """Per sample and corner, (B, N_q, N_h, N_l, N_p, 4): rows into the (B*N_h*L, C_h) view,
+    masked bilinear weights m_c*w_c and their derivatives with respect to normalized u and v."""
+
+    rows: torch.Tensor
+    weights: torch.Tensor
+    d_du: torch.Tensor
+    d_dv: torch.Tensor
+
+
+def _terms(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.Tensor,
+           dtype: torch.dtype) -> _Terms:
+    p = problem
+    device = value.device
+    heights = torch.tensor([h for h, _ in p.spatial_shapes], dtype=dtype, device=device)[:, None]
+    widths = torch.tensor([w for _, w in p.spatial_shapes], dtype=dtype, device=device)[:, None]
+    starts = torch.tensor(p.level_start_index, dtype=torch.int64, device=device)[:, None]
+    u, v = _locations_xy(sampling_locations, p, dtype)
+    ax = _axis(u, widths, p.align_corners, p.padding_mode)
+    ay = _axis(v, heights, p.align_corners, p.padding_mode)
+
+    def corners(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return torch.stack((a, b, c, d), dim=-1)
+
+    dx, dy = ax.frac, ay.frac
+    valid = corners(ay.valid0 & ax.valid0, ay.valid0 & ax.valid1,
+                    ay.valid1 & ax.valid0, ay.valid1 & ax.valid1).to(dtype)
+    weights = corners((1 - dx) * (1 - dy), dx * (1 - dy), (1 - dx) * dy, dx * dy) * valid
+    gx = corners(-(1 - dy), (1 - dy), -dy, dy) * valid
+    gy = corners(-(1 - dx), -dx, (1 - dx), dx) * valid
+    w_int = widths.to(torch.int64)
+    pixel = corners(ay.index0 * w_int + ax.index0, ay.index0 * w_int + ax.index1,
+                    ay.index1 * w_int + ax.index0, ay.index1 * w_int + ax.index1) + starts[..., None]
+    batch_head = (torch.arange(p.batch, device=device)[:, None] * p.num_heads
+                  + torch.arange(p.num_heads, device=device)[None, :])  # (B, N_h)
+    rows = pixel + (batch_head * p.total_pixels)[:, None, :, None, None, None]
+    return _Terms(rows=rows, weights=weights,
+                  d_du=gx * ax.deriv[..., None], d_dv=gy * ay.deriv[..., None])
+
+
+def _gather(value_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(…, 4) row indices -> (…, 4, C_h) value rows."""
+    return value_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, value_rows.shape[-1])
+
+
+# ----------------------------------------------------------------- public entry points
+
+
+def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.Tensor,
+                 attention_weights: torch.Tensor) -> torch.Tensor:
+    """Output (B, N_q, N_h*C_h) in value's dtype."""
+    p = problem
+    dtype = _compute_dtype(value, sampling_locations, attention_weights)
+    terms = _terms(value, p, sampling_locations, dtype)
+    coef = terms.weights * attention_weights.to(dtype)[..., None]  # (B,Q,H,Nl,P,4)
+    sampled = _gather(_value_rows(value, p, dtype), terms.rows)  # (B,Q,H,Nl,P,4,C)
+    out = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
+    return out.reshape(p.output_shape).to(value.dtype)
+
+
+def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAProblem,
+                  sampling_locations: torch.Tensor, attention_weights: torch.Tensor,
+                  compute: tuple[bool, bool, bool] = (True, True, True)
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_value, grad_sampling_locations, grad_attention_weights) in the input layouts.
+
+    Gradients come back in the compute dtype (float32, or float64 for float64 inputs);
+    those not requested in ``compute`` are zeros.
+    """
+    p = problem
+    want_value, want_loc, want_attn = compute
+    dtype = _compute_dtype(value, sampling_locations, attention_weights, grad_output)
+    terms = _terms(value, p, sampling_locations, dtype)
+    attn = attention_weights.to(dtype)
+    grad = grad_output.to(dtype).reshape(p.batch, p.num_queries, p.num_heads, p.head_dim)
+    value_rows = _value_rows(value, p, dtype)
+
+    grad_value = torch.zeros_like(value_rows)
+    if want_value:
+        contrib = (terms.weights * attn[..., None])[..., None] * grad[:, :, :, None, None, None, :]
+        grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
+
+    grad_loc = torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device)
+    grad_attn = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)
+    if want_loc or want_attn:
+        sampled = _gather(value_rows, terms.rows)
+        dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, grad)  # <g, V[row_c]>
+        if want_attn:
+            grad_attn = (terms.weights * dots).sum(-1)
+        if want_loc:
+            grad_u = attn * (terms.d_du * dots).sum(-1)
+            grad_v = attn * (terms.d_dv * dots).sum(-1)
+            grad_loc = _to_location_layout(grad_u, grad_v, p)
+    return _rows_to_value_layout(grad_value, p), grad_loc, grad_attn

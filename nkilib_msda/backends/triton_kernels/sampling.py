@@ -1,0 +1,51 @@
+"""Shared ``@triton.jit`` helpers: bilinear sampling setup along one axis.
+
+Semantics follow msda-design.md Part A: pixel coordinate ``u*size - 0.5`` (align_corners=False)
+or ``u*(size - 1)`` (True), fp32 throughout; zeros padding masks corners outside the map,
+border padding clips the coordinate; NaN contributes nothing; indices are always clamped into
+the map so no access can leave the tensors.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def axis_setup(u, size, ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr):
+    """Bilinear setup of normalized coordinates ``u`` (fp32 block) along an axis of ``size`` pixels.
+
+    Returns (i0, i1, frac, valid0, valid1, scale): the clamped integer corner indices, the
+    fractional weight of corner 1, the corner validity masks (zeros padding / NaN), and
+    d(pixel)/du (0 where border padding clipped the coordinate or u is NaN).
+    """
+    size_f = size.to(tl.float32)
+    if ALIGN_CORNERS:
+        scale = size_f - 1.0
+        x = u * scale
+    else:
+        scale = size_f
+        x = u * size_f - 0.5
+    finite = x == x  # False only for NaN; +-inf are clamped below
+    # Replace NaN explicitly: min/max NaN semantics differ between the GPU and the interpreter.
+    x = tl.where(finite, x, -2.0)
+    if BORDER:
+        inside = (x >= 0.0) & (x <= size_f - 1.0)
+        x = tl.minimum(tl.maximum(x, 0.0), size_f - 1.0)
+        d_scale = tl.where(inside & finite, scale, 0.0)
+    else:
+        # [-2, size + 1] keeps every corner's validity and weight unchanged.
+        x = tl.minimum(tl.maximum(x, -2.0), size_f + 1.0)
+        d_scale = tl.where(finite, scale, 0.0)
+    x0 = tl.floor(x)
+    frac = x - x0
+    i0 = x0.to(tl.int32)
+    i1 = i0 + 1
+    if BORDER:
+        valid0 = finite
+        valid1 = finite
+    else:
+        valid0 = finite & (i0 >= 0) & (i0 < size)
+        valid1 = finite & (i1 >= 0) & (i1 < size)
+    i0 = tl.minimum(tl.maximum(i0, 0), size - 1)
+    i1 = tl.minimum(tl.maximum(i1, 0), size - 1)
+    return i0, i1, frac, valid0, valid1, d_scale

@@ -1,0 +1,126 @@
+"""`nkilib-msda check`: run the NKI kernels in the simulator and compare with the float64 reference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from nkilib_msda.inputs import PRESETS, MSDAInputs, make_inputs, make_problem
+from nkilib_msda.validation import dtype_name
+
+# Tolerances of the kernel issues: max|err| / max|ref| and relative L2.
+FORWARD_TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-5}
+BACKWARD_TOLERANCE = {"bfloat16": 2.5e-2, "float16": 2.5e-2, "float32": 1e-4}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Error of one kernel output against the reference."""
+
+    name: str
+    max_rel: float  # max|out - ref| / max|ref|
+    rel_l2: float  # ||out - ref|| / ||ref||
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.max_rel <= self.tolerance and self.rel_l2 <= self.tolerance)
+
+    def row(self) -> str:
+        status = "ok" if self.ok else "FAIL"
+        return f"| {self.name} | {self.max_rel:.3e} | {self.rel_l2:.3e} | {self.tolerance:.1e} | {status} |"
+
+
+def compare(name: str, out: np.ndarray, ref: np.ndarray, tolerance: float) -> Comparison:
+    """Errors of ``out`` against ``ref`` in float64 (NaN in ``out`` counts as a failure)."""
+    out64 = np.asarray(out, dtype=np.float64)
+    ref64 = np.asarray(ref, dtype=np.float64)
+    if out64.shape != ref64.shape:
+        raise ValueError(f"{name}: kernel output shape {out64.shape} != reference shape {ref64.shape}")
+    diff = np.abs(out64 - ref64)
+    scale = max(float(np.max(np.abs(ref64), initial=0.0)), 1e-30)
+    norm = max(float(np.linalg.norm(ref64)), 1e-30)
+    max_rel = float(np.max(diff, initial=0.0)) / scale if np.all(np.isfinite(out64)) else float("inf")
+    rel_l2 = float(np.linalg.norm(diff)) / norm if np.all(np.isfinite(out64)) else float("inf")
+    return Comparison(name, max_rel, rel_l2, tolerance)
+
+
+def run_forward(inputs: MSDAInputs, lnc: int = 1, **kernel_kwargs):
+    """Simulate the forward kernel; return (output, report, seconds)."""
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+    from nkilib_msda.simulator import simulate
+
+    start = time.perf_counter()
+    out, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(
+        *inputs.args(), **inputs.kwargs(), **kernel_kwargs)
+    return out, report, time.perf_counter() - start
+
+
+def run_backward(inputs: MSDAInputs, lnc: int = 1, **kernel_kwargs):
+    """Simulate the backward kernel; return ((grad_value, grad_loc, grad_attn), report, seconds)."""
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention_bwd
+    from nkilib_msda.simulator import simulate
+
+    start = time.perf_counter()
+    *grads, report = simulate(ms_deformable_attention_bwd, lnc=lnc, report=True)(
+        inputs.grad_output, *inputs.args(), **inputs.kwargs(), **kernel_kwargs)
+    return tuple(grads), report, time.perf_counter() - start
+
+
+def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str = "float16",
+              value_layout: str | None = None, sampling_locations_layout: str | None = None,
+              align_corners: bool = False, padding_mode: str = "zeros", lnc: int = 1,
+              gather_method: str | None = None, backward: bool = True, seed: int = 0,
+              show_report: bool = True, echo=print) -> bool:
+    """Run forward (and backward) kernels in the simulator on a preset; print errors and costs."""
+    from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+
+    p = PRESETS[preset]
+    problem = make_problem(p.batch, p.num_queries, p.num_heads, p.head_dim, p.num_points, p.spatial_shapes,
+                           value_layout or p.value_layout,
+                           sampling_locations_layout or p.sampling_locations_layout,
+                           align_corners, padding_mode)
+    inputs = make_inputs(problem, dtype, param_dtype, seed=seed, with_grad_output=backward)
+    vdt = dtype_name(inputs.value.dtype)
+    echo(f"preset {preset}: {p.description}")
+    echo(f"B={problem.batch} N_q={problem.num_queries} N_h={problem.num_heads} C_h={problem.head_dim} "
+         f"N_l={problem.num_levels} N_p={problem.num_points} levels={list(problem.spatial_shapes)} "
+         f"L={problem.total_pixels}")
+    echo(f"value {vdt} {problem.value_layout}, locations/weights {param_dtype} "
+         f"{problem.sampling_locations_layout}, align_corners={align_corners}, padding={padding_mode}, "
+         f"lnc={lnc}" + (f", gather_method={gather_method}" if gather_method else ""))
+    kernel_kwargs = {"gather_method": gather_method} if gather_method else {}
+
+    out, fwd_report, fwd_s = run_forward(inputs, lnc=lnc, **kernel_kwargs)
+    ref = ms_deformable_attention_ref(*inputs.args(), **inputs.kwargs())
+    rows = [compare("forward output", out, ref, FORWARD_TOLERANCE[vdt])]
+    timings = [f"forward simulated in {fwd_s:.1f} s"]
+    reports = [("forward", fwd_report)]
+
+    if backward:
+        grads, bwd_report, bwd_s = run_backward(inputs, lnc=lnc, **kernel_kwargs)
+        refs = ms_deformable_attention_bwd_ref(inputs.grad_output, *inputs.args(), **inputs.kwargs())
+        tol = BACKWARD_TOLERANCE[vdt]
+        for name, g, r in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"), grads, refs):
+            rows.append(compare(name, g, r, tol))
+        timings.append(f"backward simulated in {bwd_s:.1f} s")
+        reports.append(("backward", bwd_report))
+
+    echo("")
+    echo("| output | max|err|/max|ref| | rel L2 | tolerance | status |")
+    echo("|---|---|---|---|---|")
+    for row in rows:
+        echo(row.row())
+    echo("")
+    echo("; ".join(timings) + " (emulator wall time, not a hardware timing)")
+    if show_report:
+        for name, report in reports:
+            echo("")
+            echo(f"== {name} kernel cost report (counts, not a timing) ==")
+            echo(str(report))
+    ok = all(r.ok for r in rows)
+    echo("")
+    echo("CHECK PASSED" if ok else "CHECK FAILED")
+    return ok

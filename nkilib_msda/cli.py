@@ -1,0 +1,113 @@
+"""Command line: ``nkilib-msda check | bench | info`` (also ``python -m nkilib_msda``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import platform
+import sys
+from typing import Sequence
+
+from nkilib_msda._version import __version__
+
+
+def _version_of(module: str) -> str:
+    if importlib.util.find_spec(module) is None:
+        return "not installed"
+    try:
+        return getattr(importlib.import_module(module), "__version__", "installed")
+    except Exception as exc:  # noqa: BLE001 - report, don't crash `info`
+        return f"import failed ({type(exc).__name__})"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from nkilib_msda import _nki
+
+    print(f"nkilib_msda {__version__}")
+    print(f"python {platform.python_version()} on {platform.machine()} ({platform.system()})")
+    for module in ("numpy", "ml_dtypes", "torch", "triton", "transformers"):
+        print(f"{module:<13} {_version_of(module)}")
+    print(f"nki          {_nki.backend_name()}")
+    print("backends     " + ", ".join(_available_backends()))
+    return 0
+
+
+def _available_backends() -> list[str]:
+    found = ["nki (simulator on CPU)" if not _is_real_nki() else "nki"]
+    if importlib.util.find_spec("torch") is not None:
+        found.insert(0, "reference")
+        try:
+            from nkilib_msda.backends import triton_backend
+
+            found.append("triton" if triton_backend.is_available() else "triton (no CUDA device)")
+        except Exception:  # noqa: BLE001 - triton not installed or unusable
+            found.append("triton (unavailable)")
+    return found
+
+
+def _is_real_nki() -> bool:
+    from nkilib_msda import _nki
+
+    return _nki.USING_REAL_NKI
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from nkilib_msda.check import run_check
+
+    ok = run_check(preset=args.preset, dtype=args.dtype, param_dtype=args.param_dtype,
+                   value_layout=args.value_layout, sampling_locations_layout=args.locations_layout,
+                   align_corners=args.align_corners, padding_mode=args.padding_mode, lnc=args.lnc,
+                   gather_method=args.gather_method, backward=not args.forward_only, seed=args.seed,
+                   show_report=not args.no_report)
+    return 0 if ok else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from nkilib_msda.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nkilib_msda.inputs import PRESETS
+
+    parser = argparse.ArgumentParser(prog="nkilib-msda", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="versions, NKI (real or emulator), available backends")
+    info.set_defaults(func=cmd_info)
+
+    check = sub.add_parser("check", help="run the NKI kernels in the simulator and compare with the reference")
+    check.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                       help="shape preset (default: %(default)s)")
+    check.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                       help="value dtype (default: %(default)s)")
+    check.add_argument("--param-dtype", default="float16", choices=["bfloat16", "float16", "float32"],
+                       help="locations/weights dtype (default: %(default)s)")
+    check.add_argument("--value-layout", choices=["BLNC", "BNLC"], help="default: the preset's")
+    check.add_argument("--locations-layout", choices=["BQHLP2", "B2QHLP"], help="default: the preset's")
+    check.add_argument("--align-corners", action="store_true")
+    check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
+    check.add_argument("--lnc", type=int, default=1, choices=[1, 2], help="logical NeuronCores (default 1)")
+    check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
+    check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
+    check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
+    check.add_argument("--seed", type=int, default=0)
+    check.set_defaults(func=cmd_check)
+
+    bench = sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op)",
+                           add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Helpers shared by the Block AttnRes NKI kernels (inlined at trace time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nkilib_msda._nki import nisa, nl
+from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE, SBUF_USABLE_BYTES
+from nkilib_msda.validation import dtype_name
+
+__all__ = ["launch", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast"]
+
+
+def launch() -> tuple[int, int]:
+    """(LNC degree, this program's id); a kernel called without a grid is one program."""
+    if nl.program_ndim() == 0:
+        return 1, 0
+    return nl.num_programs(0), nl.program_id(0)
+
+
+def sbuf_budget() -> int:
+    """Usable SBUF bytes per partition: the target's, capped at the trn2 figure of nki-library."""
+    return min(int(nl.tile_size.total_available_sbuf_size), SBUF_USABLE_BYTES["trn2"])
+
+
+def check_vector_arg(name: str, x: Any, dim: int) -> None:
+    """Kernel-contract check of a [D] HBM vector (fp32 by contract; any float is cast on load)."""
+    if x is None or tuple(x.shape) != (dim,):
+        got = None if x is None else tuple(x.shape)
+        raise ValueError(f"{name}: expected an HBM tensor of shape ({dim},), got {got}")
+
+
+def row_broadcast(vector: Any, rows: int, dim: int) -> Any:
+    """HBM view [rows, D] of a [D] vector, partition stride 0 (every partition reads the vector)."""
+    return vector.ap([[0, rows], [1, dim]])
+
+
+def load_query(u: Any, staging: Any, proj_weight: Any, rmsnorm_gamma: Any, scale: float,
+               enable_rmsnorm: bool) -> None:
+    """u[128, D] fp32 = scale * gamma * w (RMSNorm on) or scale * w, on every partition.
+
+    ``staging`` is a [128, D] fp32 scratch tile (holds gamma).
+    """
+    dim = u.shape[1]
+    nisa.dma_copy(dst=u, src=row_broadcast(proj_weight, TOKEN_TILE, dim))
+    if enable_rmsnorm:
+        nisa.dma_copy(dst=staging, src=row_broadcast(rmsnorm_gamma, TOKEN_TILE, dim))
+        nisa.tensor_tensor(dst=u, data1=u, data2=staging, op=nl.multiply)
+    if float(scale) != 1.0:
+        nisa.tensor_scalar(dst=u, data=u, op0=nl.multiply, operand0=float(scale))
+
+
+def dtype_str(t: Any) -> str:
+    return dtype_name(t.dtype)

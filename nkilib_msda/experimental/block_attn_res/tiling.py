@@ -1,0 +1,205 @@
+"""Tiling plans for the Block AttnRes kernels, computed before any instruction is emitted.
+
+Kernel layout: source-major values [L, BT, D]; 128 tokens per tile on the partitions, D on the
+free axis, the softmax over L as a free-axis op on a [tokens, L] tile. Every SBUF buffer the
+kernels allocate is listed here (bytes per partition), so the budget check is exact.
+
+Forward modes
+- ``slab``: rotating [128, L, D] slabs (DMA of tile t+1 overlaps compute on tile t); the
+  scores and the weighted sum are two on-chip passes over the slab.
+- ``stream``: rotating [128, D] source tiles and an online softmax (running max, fp32
+  accumulator rescaled when the max moves); V is still read from HBM once.
+Backward modes
+- ``slab``: the tile's whole slab stays on chip between pass A (dots) and pass B (dV, beta).
+- ``stream``: pass B reads each source again (1.5x the compulsory HBM traffic of V).
+The first candidate that fits wins: forward slab x2, stream x2, stream x1; backward slab x2,
+slab x1, stream x2, stream x1 (xN = rotation depth of the streamed tiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TOKEN_TILE", "BETA_CHUNK", "SBUF_USABLE_BYTES", "ForwardPlan", "BackwardPlan",
+           "plan_forward", "plan_backward"]
+
+TOKEN_TILE = 128  # tokens per tile = partitions
+BETA_CHUNK = 128  # D values per beta matmul (the stationary's M = PSUM partitions)
+PSUM_BANK_FP32 = 512  # fp32 columns per PSUM bank (one matmul output)
+# Usable SBUF per partition (nki-subset.md section 1: nki-library subtracts dynamic-DMA scratch).
+SBUF_USABLE_BYTES = {"trn1": 192 * 1024 - 17 * 1024, "trn2": 207 * 1024, "trn3": 239 * 1024}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    num_sources: int
+    num_tokens: int
+    dim: int
+    dtype: str
+    lnc: int
+    enable_rmsnorm: bool
+    mode: str
+    buffers: int  # rotation depth of the streamed tiles (2 = DMA overlaps compute)
+    sbuf_bytes: tuple[tuple[str, int], ...]  # (buffer name, bytes per partition)
+    sbuf_budget: int
+
+    @property
+    def num_tiles(self) -> int:
+        return _ceil_div(self.num_tokens, TOKEN_TILE)
+
+    @property
+    def tiles_per_program(self) -> int:
+        return _ceil_div(self.num_tiles, self.lnc)
+
+    def tiles_of(self, program_id: int) -> range:
+        """Token tiles handled by one logical-core program (contiguous, in order)."""
+        start = program_id * self.tiles_per_program
+        return range(min(start, self.num_tiles), min(start + self.tiles_per_program, self.num_tiles))
+
+    def tile_rows(self, tile: int) -> tuple[int, int]:
+        """(first token, token count) of a tile; the last tile may be partial."""
+        start = tile * TOKEN_TILE
+        return start, min(TOKEN_TILE, self.num_tokens - start)
+
+    @property
+    def total_sbuf_bytes(self) -> int:
+        return sum(nbytes for _, nbytes in self.sbuf_bytes)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ForwardPlan(_Plan):
+    """Forward tiling: ``mode`` is 'slab' or 'stream' (see module docstring)."""
+
+
+@dataclass(frozen=True)
+class BackwardPlan(_Plan):
+    """Backward tiling: ``mode`` is 'slab' or 'stream'; beta accumulates in one PSUM bank."""
+
+    @property
+    def beta_chunks(self) -> int:
+        """Columns of the [128, chunks] PSUM beta accumulator (D value c*128 + p at (p, c))."""
+        return _ceil_div(self.dim, BETA_CHUNK)
+
+    @property
+    def matmul_dtype(self) -> str:
+        """Dtype of the beta matmul's moving operand (the coefficients a): fp32 with fp32 values,
+        else bf16 (fp16 would flush small g/r to subnormals)."""
+        return "float32" if self.dtype == "float32" else "bfloat16"
+
+    @property
+    def coeff_splits(self) -> int:
+        """bf16 coefficients go in as a = hi + lo (two bf16 columns, ~16 significant bits), so
+        beta keeps nearly fp32 accuracy; the N = 2 moving costs the Tensor engine ~nothing."""
+        return 1 if self.matmul_dtype == "float32" else 2
+
+
+def _check_common(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int) -> None:
+    if not 1 <= num_sources <= 128:
+        raise ValueError(f"num_sources: expected 1..128, got {num_sources}")
+    if num_tokens < 1 or dim < 1:
+        raise ValueError(f"num_tokens, dim: expected >= 1, got {num_tokens}, {dim}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc: expected 1 or 2, got {lnc}")
+
+
+def _check_mode(force_mode: str | None) -> None:
+    if force_mode not in (None, "slab", "stream"):
+        raise ValueError(f"mode: expected None, 'slab' or 'stream', got {force_mode!r}")
+
+
+def _small_tiles(num_sources: int, count: int) -> int:
+    return count * 4 * num_sources
+
+
+def _fits(buffers: dict[str, int], budget: int) -> bool:
+    return sum(buffers.values()) <= budget
+
+
+def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
+            buffers_for: "callable", budget: int) -> tuple[str, int, dict[str, int]]:
+    """First (mode, rotating buffers) candidate whose buffer list fits the budget."""
+    tried = []
+    for mode, nbuf in candidates:
+        if force_mode is not None and mode != force_mode:
+            continue
+        buffers = buffers_for(mode, nbuf)
+        if _fits(buffers, budget):
+            return mode, nbuf, buffers
+        tried.append(f"{mode} x{nbuf}: {sum(buffers.values())} B")
+    raise ValueError(f"dim: no tiling fits the {budget} usable SBUF bytes per partition "
+                     f"({'; '.join(tried)})")
+
+
+def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
+                 enable_rmsnorm: bool = True, sbuf_budget: int = SBUF_USABLE_BYTES["trn2"],
+                 force_mode: str | None = None) -> ForwardPlan:
+    """Choose the forward's mode and buffer rotation; list its SBUF buffers (bytes/partition)."""
+    _check_common(num_sources, num_tokens, dim, dtype, lnc)
+    _check_mode(force_mode)
+    es = DTYPE_BYTES[dtype]
+
+    def buffers_for(mode: str, nbuf: int) -> dict[str, int]:
+        per_source = num_sources * dim * es if mode == "slab" else dim * es
+        return {
+            "u": 4 * dim,  # s*gamma*w (or s*w) on every partition, fp32
+            "product": 4 * dim,  # fp32 scratch: gamma staging, then the dot products
+            "acc": 4 * dim,  # fp32 weighted sum
+            "h": nbuf * es * dim,
+            "scores": _small_tiles(num_sources, 8),  # sumsq, dot, z, e, alpha, rms, rinv, mean_sq
+            "columns": 4 * 8,  # [128, 1] statistics
+            "values": nbuf * per_source,  # slabs [L, D] or source tiles [D]
+        }
+
+    mode, nbuf, buffers = _choose([("slab", 2), ("stream", 2), ("stream", 1)], force_mode,
+                                  buffers_for, sbuf_budget)
+    return ForwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
+                       tuple(buffers.items()), sbuf_budget)
+
+
+def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
+                  enable_rmsnorm: bool = True, sbuf_budget: int = SBUF_USABLE_BYTES["trn2"],
+                  force_mode: str | None = None) -> BackwardPlan:
+    """Choose the backward's mode and buffer rotation; list its SBUF buffers (bytes/partition)."""
+    _check_common(num_sources, num_tokens, dim, dtype, lnc)
+    _check_mode(force_mode)
+    es = DTYPE_BYTES[dtype]
+    chunks = _ceil_div(dim, BETA_CHUNK)
+    if chunks > PSUM_BANK_FP32:
+        raise ValueError(f"dim: D={dim} exceeds one PSUM bank of beta columns "
+                         f"({PSUM_BANK_FP32 * BETA_CHUNK})")
+    mm_bytes, splits = (4, 1) if dtype == "float32" else (2, 2)
+    if chunks * splits > PSUM_BANK_FP32:
+        raise ValueError(f"dim: D={dim} exceeds one PSUM bank of beta columns "
+                         f"({PSUM_BANK_FP32 // splits * BETA_CHUNK})")
+
+    def buffers_for(mode: str, nbuf: int) -> dict[str, int]:
+        per_source = num_sources * dim * es if mode == "slab" else dim * es
+        return {
+            "u": 4 * dim,
+            "product": 4 * dim,  # fp32 scratch: gamma staging, dot products, the dv partial sum
+            "grad_h": nbuf * es * dim,
+            "grad_values": nbuf * es * dim,
+            "scores": _small_tiles(num_sources, 10),  # alpha, rms, rinv, d_alpha, d_u, weighted, z, g, a, b
+            "coeff_mm": mm_bytes * num_sources * splits,  # matmul copy of a (hi, lo)
+            "columns": 4,  # c = sum_k alpha_k d_alpha_k
+            "beta": 4 * chunks * (2 if lnc == 2 else 1),  # evacuated beta (+ the partner's partial)
+            "weights_t": 2 * 4 * chunks,  # w and gamma in the [128, chunks] beta layout
+            "grads_t": 2 * 4 * chunks,  # grad_w and grad_gamma in that layout
+            "values": nbuf * per_source,
+        }
+
+    mode, nbuf, buffers = _choose([("slab", 2), ("slab", 1), ("stream", 2), ("stream", 1)],
+                                  force_mode, buffers_for, sbuf_budget)
+    return BackwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
+                        tuple(buffers.items()), sbuf_budget)

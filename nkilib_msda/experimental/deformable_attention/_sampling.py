@@ -1,0 +1,238 @@
+"""NKI helpers shared by the MSDA kernels: parameter loads, coordinate math, corner rows/weights.
+
+Layout of one query tile (queries on partitions, ``q_pack`` consecutive queries per partition,
+``S = q_pack * N_h`` slots, ``n = S * N_l * N_p`` samples per partition). Every tile is a flat
+2-D SBUF tensor ``(128, words)``; the helpers view it with ``.ap`` so one allocation serves
+tiles with different ``q_pack``:
+
+- *planar* coordinate tiles ``(2, n)``: ``[axis, slot, level, point]``, axis 0 = x (width,
+  from ``loc[..., 0]``), axis 1 = y (height);
+- corner tiles ``(2, 2, n)``: ``[axis, side, sample]``, side 0 = floor, side 1 = floor + 1;
+- row-index / weight tiles ``(n, 4)``: ``[sample, corner]`` with corner = 2 * y_side + x_side,
+  i.e. (y0,x0), (y0,x1), (y1,x0), (y1,x1).
+
+All coordinate math is fp32. Safety: NaN coordinates are replaced by 0 with a bit mask (no
+reliance on max/min NaN semantics) and their samples get weight 0; every pixel coordinate is
+clamped to [-1, size] (zeros) or [0, size-1] (border) *before* the float->int cast, so each
+corner index is in range for any input; the floor is a real floor (RNE cast, then subtract
+``float(i) > x``). Row indices are in rows of the 2-D ``(B * rows, C_h)`` value view:
+``pixel * N_h + h`` (BLNC) or ``h * L + pixel`` (BNLC), exact in fp32 while ``L * N_h < 2^24``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from nkilib_msda._nki import nisa, nl
+from nkilib_msda.validation import MSDAProblem
+
+__all__ = [
+    "PARTITIONS", "tile_view", "load_locations", "load_attention", "store_rows",
+    "sanitize_coordinates", "to_pixel_coordinates", "floor_with_fraction",
+    "clamp_corners", "corner_factors", "build_head_offsets", "corner_rows",
+    "corner_weights", "pixel_scale",
+]
+
+PARTITIONS = 128
+
+
+def tile_view(t: Any, dims: Sequence[Sequence[int]], offset: int = 0,
+              parts: int = PARTITIONS, dtype: Any = None) -> Any:
+    """View of a flat ``(128, F)`` on-chip tile: ``parts`` partitions x free ``dims``
+    ([stride, count] pairs, elements), starting ``offset`` elements into each partition."""
+    pattern = [[t.shape[1], parts]] + [[int(s), int(c)] for s, c in dims]
+    if dtype is None:
+        return t.ap(pattern, offset=offset)
+    return t.ap(pattern, offset=offset, dtype=dtype)
+
+
+def pixel_scale(size: int, align_corners: bool) -> tuple[float, float]:
+    """(scale, shift) with pixel = u * scale + shift."""
+    if align_corners:
+        return float(size - 1), 0.0
+    return float(size), -0.5
+
+
+def _hlp(p: MSDAProblem) -> int:
+    return p.num_heads * p.num_levels * p.num_points
+
+
+def load_locations(loc: Any, locations: Any, p: MSDAProblem, b: int, q_start: int,
+                   parts: int, q_pack: int) -> Any:
+    """DMA the tile's sampling locations into ``loc`` as fp32 (the DMA casts); return the
+    (128, 2, n) [axis, sample] view of them. Padded partitions (>= parts) hold 0."""
+    hlp = _hlp(p)
+    n = q_pack * hlp
+    if parts < PARTITIONS:
+        nisa.memset(tile_view(loc, [[1, 2 * n]]), 0.0)
+    if p.sampling_locations_layout == "BQHLP2":
+        src = locations.ap([[q_pack * hlp * 2, parts], [1, 2 * n]],
+                           offset=(b * p.num_queries + q_start) * hlp * 2)
+        nisa.dma_copy(dst=tile_view(loc, [[1, 2 * n]], parts=parts), src=src)
+        return tile_view(loc, [[1, 2], [2, n]])
+    src = locations.ap([[q_pack * hlp, parts], [p.num_queries * hlp, 2], [1, n]],
+                       offset=(b * 2 * p.num_queries + q_start) * hlp)
+    nisa.dma_copy(dst=tile_view(loc, [[n, 2], [1, n]], parts=parts), src=src)
+    return tile_view(loc, [[n, 2], [1, n]])
+
+
+def load_attention(att: Any, attention_weights: Any, p: MSDAProblem, b: int, q_start: int,
+                   parts: int, q_pack: int) -> Any:
+    """DMA the tile's attention weights into ``att`` as fp32; return the (128, n) view."""
+    hlp = _hlp(p)
+    n = q_pack * hlp
+    if parts < PARTITIONS:
+        nisa.memset(tile_view(att, [[1, n]]), 0.0)
+    src = attention_weights.ap([[q_pack * hlp, parts], [1, n]],
+                               offset=(b * p.num_queries + q_start) * hlp)
+    nisa.dma_copy(dst=tile_view(att, [[1, n]], parts=parts), src=src)
+    return tile_view(att, [[1, n]])
+
+
+def store_rows(out: Any, acc: Any, p: MSDAProblem, b: int, q_start: int, parts: int,
+               q_pack: int) -> None:
+    """DMA the fp32 accumulator (parts, q_pack * N_h * C_h) to out[b, q_start:...] (the DMA
+    casts to the output dtype)."""
+    row = p.num_heads * p.head_dim
+    dst = out.ap([[q_pack * row, parts], [1, q_pack * row]],
+                 offset=(b * p.num_queries + q_start) * row)
+    nisa.dma_copy(dst=dst, src=tile_view(acc, [[1, q_pack * row]], parts=parts))
+
+
+def sanitize_coordinates(xp: Any, coords: Any, mask: Any, att: Any, n: int) -> None:
+    """xp (planar 2 x n, fp32) = coords with NaN replaced by 0; att *= (x == x) * (y == y).
+
+    ``mask`` is a (128, >= 2n) int32 scratch. NaN is removed with a bitwise AND against an
+    all-ones/zero mask, which does not depend on how max/min treat NaN.
+    """
+    planar = [[n, 2], [1, n]]
+    mask_v = tile_view(mask, planar)
+    nisa.tensor_tensor(dst=mask_v, data1=coords, data2=coords, op=nl.equal)
+    nisa.tensor_scalar(dst=mask_v, data=mask_v, op0=nl.multiply, operand0=-1.0)  # 1 -> 0xFFFFFFFF
+    nisa.tensor_tensor(dst=tile_view(xp, planar, dtype=nl.int32), data1=coords.view(nl.int32),
+                       data2=mask_v, op=nl.bitwise_and)
+    att_v = tile_view(att, [[1, n]])
+    for axis in range(2):  # att *= -(-ok)
+        nisa.scalar_tensor_tensor(dst=att_v, data=tile_view(mask, [[1, n]], offset=axis * n),
+                                  op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
+                                  operand1=att_v)
+
+
+def to_pixel_coordinates(xp: Any, p: MSDAProblem, slots: int) -> None:
+    """In place: u -> pixel coordinate per level and axis, clamped to [-1, size] (zeros) or
+    [0, size - 1] (border). Inputs must be finite or +-inf (NaN already removed)."""
+    nl_, np_ = p.num_levels, p.num_points
+    n = slots * nl_ * np_
+    for level, (height, width) in enumerate(p.spatial_shapes):
+        for axis, size in ((0, width), (1, height)):
+            v = tile_view(xp, [[nl_ * np_, slots], [1, np_]], offset=axis * n + level * np_)
+            scale, shift = pixel_scale(size, p.align_corners)
+            if scale == 0.0:  # align_corners on a 1-pixel axis: every coordinate is 0
+                nisa.memset(v, 0.0)
+                continue
+            nisa.tensor_scalar(dst=v, data=v, op0=nl.multiply, operand0=scale,
+                               op1=nl.add, operand1=shift)
+            lo, hi = (-1.0, float(size)) if p.padding_mode == "zeros" else (0.0, float(size - 1))
+            nisa.tensor_scalar(dst=v, data=v, op0=nl.maximum, operand0=lo,
+                               op1=nl.minimum, operand1=hi)
+
+
+def floor_with_fraction(floor_t: Any, frac_t: Any, xp: Any, int_scratch: Any, n2: int) -> None:
+    """floor_t = floor(xp), frac_t = xp - floor(xp) over n2 elements (fp32; xp finite, |xp| <
+    2^23); ``int_scratch`` is an int32 tile. The RNE cast is corrected by ``float(i) > x``."""
+    flat = [[1, n2]]
+    ints = tile_view(int_scratch, flat)
+    x = tile_view(xp, flat)
+    fl = tile_view(floor_t, flat)
+    fr = tile_view(frac_t, flat)
+    nisa.tensor_copy(dst=ints, src=x)        # round to nearest even
+    nisa.tensor_copy(dst=fl, src=ints)       # back to fp32
+    nisa.tensor_tensor(dst=fr, data1=fl, data2=x, op=nl.greater)
+    nisa.tensor_tensor(dst=fl, data1=fl, data2=fr, op=nl.subtract)   # floor
+    nisa.tensor_tensor(dst=fr, data1=x, data2=fl, op=nl.subtract)    # fraction in [0, 1)
+
+
+def clamp_corners(corners: Any, floor_t: Any, p: MSDAProblem, slots: int) -> None:
+    """corners[axis, side] = clamp(floor + side, 0, size - 1) per level (fp32 (2, 2, n))."""
+    nl_, np_ = p.num_levels, p.num_points
+    n = slots * nl_ * np_
+    for level, (height, width) in enumerate(p.spatial_shapes):
+        for axis, size in ((0, width), (1, height)):
+            dims = [[nl_ * np_, slots], [1, np_]]
+            src = tile_view(floor_t, dims, offset=axis * n + level * np_)
+            lo = tile_view(corners, dims, offset=(2 * axis) * n + level * np_)
+            hi = tile_view(corners, dims, offset=(2 * axis + 1) * n + level * np_)
+            nisa.tensor_scalar(dst=lo, data=src, op0=nl.maximum, operand0=0.0,
+                               op1=nl.minimum, operand1=float(size - 1))
+            # floor >= -1 after the pixel clamp, so floor + 1 >= 0 needs no lower clamp.
+            nisa.tensor_scalar(dst=hi, data=src, op0=nl.add, operand0=1.0,
+                               op1=nl.minimum, operand1=float(size - 1))
+
+
+def corner_factors(factors: Any, corners: Any, floor_t: Any, frac_t: Any, padding_mode: str,
+                   n: int) -> None:
+    """factors[axis, side] (fp32 (2, 2, n)): side 0 = (1 - frac) * valid0, side 1 = frac *
+    valid1, where valid = (clamped corner == unclamped corner) in zeros mode, 1 in border mode."""
+    side0 = [[2 * n, 2], [1, n]]          # (axis, sample) at side 0 of a (2, 2, n) tile
+    planar = [[n, 2], [1, n]]
+    f0 = tile_view(factors, side0)
+    f1 = tile_view(factors, side0, offset=n)
+    fl = tile_view(floor_t, planar)
+    fr = tile_view(frac_t, planar)
+    if padding_mode == "zeros":
+        nisa.tensor_tensor(dst=f0, data1=tile_view(corners, side0), data2=fl, op=nl.equal)
+        nisa.scalar_tensor_tensor(dst=f1, data=tile_view(corners, side0, offset=n),
+                                  op0=nl.subtract, operand0=1.0, op1=nl.equal, operand1=fl)
+        nisa.scalar_tensor_tensor(dst=f0, data=fr, op0=nl.subtract, operand0=1.0, reverse0=True,
+                                  op1=nl.multiply, operand1=f0)
+        nisa.tensor_tensor(dst=f1, data1=fr, data2=f1, op=nl.multiply)
+    else:
+        nisa.tensor_scalar(dst=f0, data=fr, op0=nl.subtract, operand0=1.0, reverse0=True)
+        nisa.tensor_copy(dst=f1, src=fr)
+
+
+def build_head_offsets(head_off: Any, head_ints: Any, p: MSDAProblem, q_pack: int) -> None:
+    """head_off[0, slot] (fp32, (128, q_pack * N_h)) = h(slot) * (1 for BLNC, L for BNLC):
+    the head's part of a row index. ``head_ints`` is an int32 scratch of the same size."""
+    step = 1 if p.value_layout == "BLNC" else p.total_pixels
+    slots = q_pack * p.num_heads
+    ints = tile_view(head_ints, [[1, slots]])
+    nisa.iota(ints, [[0, q_pack], [step, p.num_heads]], offset=0, channel_multiplier=0)
+    nisa.tensor_copy(dst=tile_view(head_off, [[1, slots]]), src=ints)
+
+
+def corner_rows(rows: Any, corners: Any, head_off: Any, p: MSDAProblem, slots: int) -> None:
+    """rows (uint32 (n, 4)) = row index of each corner in the (rows, C_h) value view.
+
+    BLNC: (ls + y * W + x) * N_h + h; BNLC: h * L + ls + y * W + x. Overwrites ``corners``
+    with the x and y parts (x * f + h * step, and y * W * f + ls * f, f = N_h or 1).
+    """
+    nl_, np_ = p.num_levels, p.num_points
+    n = slots * nl_ * np_
+    factor = float(p.num_heads if p.value_layout == "BLNC" else 1)
+    lp = nl_ * np_
+    # x part, both sides: x * f + head offset (broadcast over side, level and point)
+    xs = tile_view(corners, [[n, 2], [lp, slots], [1, lp]])
+    heads = tile_view(head_off, [[0, 2], [1, slots], [0, lp]])
+    nisa.scalar_tensor_tensor(dst=xs, data=xs, op0=nl.multiply, operand0=factor,
+                              op1=nl.add, operand1=heads)
+    # y part per level, both sides: y * W * f + ls * f
+    for level, ((_, width), start) in enumerate(zip(p.spatial_shapes, p.level_start_index)):
+        ys = tile_view(corners, [[n, 2], [lp, slots], [1, np_]], offset=2 * n + level * np_)
+        nisa.tensor_scalar(dst=ys, data=ys, op0=nl.multiply, operand0=float(width) * factor,
+                           op1=nl.add, operand1=float(start) * factor)
+    # rows[sample, 2 * ys + xs] = y part[ys] + x part[xs]
+    nisa.tensor_tensor(dst=tile_view(rows, [[4, n], [2, 2], [1, 2]]),
+                       data1=tile_view(corners, [[1, n], [n, 2], [0, 2]], offset=2 * n),
+                       data2=tile_view(corners, [[1, n], [0, 2], [n, 2]]),
+                       op=nl.add)
+
+
+def corner_weights(weights: Any, factors: Any, att: Any, n: int) -> None:
+    """weights (fp32 (n, 4)) = att * factor_y[ys] * factor_x[xs]; overwrites the y factors."""
+    fy = tile_view(factors, [[n, 2], [1, n]], offset=2 * n)
+    nisa.tensor_tensor(dst=fy, data1=fy, data2=tile_view(att, [[0, 2], [1, n]]), op=nl.multiply)
+    nisa.tensor_tensor(dst=tile_view(weights, [[4, n], [2, 2], [1, 2]]),
+                       data1=tile_view(factors, [[1, n], [n, 2], [0, 2]], offset=2 * n),
+                       data2=tile_view(factors, [[1, n], [0, 2], [n, 2]]),
+                       op=nl.multiply)

@@ -1,0 +1,412 @@
+"""Plain-Python tiling, scatter and SBUF plan of the MSDA backward kernel.
+
+Everything the backward kernel (``ms_deformable_attention_bwd.py``) needs to know before it
+emits an instruction is computed here, in a frozen :class:`BackwardConfig`, so that it can be
+unit-tested without NKI.
+
+Partition layout ("sample rows")
+--------------------------------
+The kernel puts one *sample row* ``(q, h, l)`` on each partition: the flat row
+``r = (q*N_h + h)*N_l + l`` of sampling_locations viewed as (B, N_q*N_h*N_l, N_p[, 2]); the
+N_p points (and 4 corners) of that row live in the free dims. A *block* is
+``Q_t = 128 // G`` whole queries (G = N_h*N_l), i.e. ``P_t = Q_t*G <= 128`` partitions, so
+partition j of every block has the same (h, l) = divmod(j mod G, N_l): per-level constants
+(W, H, level start) are per-partition columns computed once. ``blocks_per_tile`` (T) blocks
+are processed together in the free dims ("super-tile") so the coordinate math runs once per
+T*N_p samples per partition. Loads and stores are contiguous runs of sample rows.
+
+Gathers and scatters work on 128-row (rows, C_h) views of value / the K buffers, in ROW units
+(BLNC row = pix*N_h + h, BNLC row = h*L + pix; the batch goes into the access-pattern
+offset), so indices are exact fp32 integers as long as K*L*N_h < 2^24 (checked; beyond it the
+scatter partitions per DMA shrink, and L*N_h >= 2^24 raises ValueError).
+
+Scatter uniqueness (K replicated fp32 buffers)
+----------------------------------------------
+One ``dma_compute`` scatter-RMW covers a partition slice [j0, j0+P_s) (P_s a power of two
+dividing 128: ``max_scatter_indices_per_indirect`` <= 128 lowers it) of one block, one index
+per partition. Partition j adds into buffer ``k(j) = floor((j - j0)/G)``, so
+``K = ceil(P_s/G)`` (N_h=8, N_l=4: K=4; N_h=4, N_l=4: K=8, as upstream). Proof that the
+targets ``k*R + row`` (``0 <= row < R = L*N_h``) of one instruction are distinct: equal k
+means floor((j1-j0)/G) = floor((j2-j0)/G), so 0 < |j1 - j2| < G and the two partitions carry
+different (h, l) (blocks start at multiples of G). Different h: BLNC rows differ mod N_h,
+BNLC rows lie in disjoint bands [h*L, (h+1)*L). Same h, different l: the clamped pixel of
+level l lies in [ls_l, ls_l + H_l*W_l), and those ranges are disjoint. Hence the rows differ.
+Partial blocks scatter only their n live partitions (no padding rows, hence no duplicate
+padding writes). The emulator re-checks uniqueness on every instruction.
+
+Batching (> 128 indices per DMA): a (P, M) multi-column index tile is documented only for
+``dma_transpose`` (nki-subset.md §3), so scatters and copy-gathers batch along the free dims
+instead: with no cap or a cap >= 256, one index moves the x-corner pair (x0, x1) of one
+(point, y-corner) as two runs ``[[C_h, P], [d*C_h, 2], [1, C_h]]`` (d = N_h in BLNC, 1 in BNLC,
+where the pair is one contiguous 2*C_h run). The pair starts at ``min(x0c, W-2)`` so both
+runs stay inside the level's image row; each corner goes to slot ``x_c - start`` (0 or 1),
+slot coefficients are summed per slot, and corners of weight 0 may add 0.0 to the other slot.
+The two rows of a pair are distinct and belong to the partition's own (h, l), so the proof
+above still holds and K does not grow. Levels of width 1 disable pairs. Transpose gathers
+batch M_g index columns per DMA (documented), capped by upstream's packet limit 64 // r.
+
+Buffers are fp32 (never the value dtype: every RMW would round the running sum), laid out
+per set as (B, lnc*K, R, C_h) with rows in the value layout's order; core s owns
+[s*K, (s+1)*K). Per-batch regions make B > 1 exact without cumulative-sum subtraction. They
+are zeroed once per call (unless ``grad_value_buffers_in`` is given), reduced in a fixed
+order with ``dma_compute`` (<= 16 sources, scales 1.0) into fp32 SBUF tiles, then
+``prev_reduced_grad_value`` is subtracted on the Vector engine and the result cast once to
+the value dtype. With LNC=2 a ``core_barrier`` separates the scatters from the row-banded
+reduction (core s reduces band s of every batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from nkilib_msda.validation import MSDAProblem
+
+PARTITIONS = 128
+FP32_EXACT_INT_MAX = 1 << 24
+MAX_SCATTER_BUFFER_SETS = 8
+MAX_DMA_COMPUTE_SOURCES = 16
+MAX_BLOCKS_PER_TILE = 16
+PSUM_BANK_BYTES = 2048
+TRN2_USABLE_SBUF_BYTES = 207 * 1024
+SBUF_FIT_RESERVE = 4096
+GATHER_METHODS = ("transpose", "copy")
+REDUCE_FREE_ELEMENTS = 2048  # fp32 elements per partition in one zero / reduce tile
+# Upstream's DMA-transpose packet limit: at most 64 // r index columns per transpose, r = 128 / min(C_h, 128).
+TRANSPOSE_PACKET_COLUMNS = 64
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (int(n).bit_length() - 1)
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def _check_cap(name: str, cap: int | None) -> None:
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"{name}: expected None or a positive int, got {cap!r}")
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Static plan of one backward call (see the module docstring for the meaning)."""
+
+    problem: MSDAProblem
+    lnc: int
+    value_itemsize: int
+    # partition layout
+    groups: int                      # G = N_h*N_l sample rows per query
+    queries_per_block: int           # Q_t
+    partitions_per_block: int        # P_t = Q_t*G
+    blocks_per_tile: int             # T
+    # gather
+    gather_method: str               # effective method ("copy" for 4-byte values)
+    gather_partitions: int           # P_g: partitions per gather DMA (copy path may be < 128)
+    gather_columns: int              # M_g: index columns per transpose gather DMA
+    gather_pairs: bool               # copy path: one index fetches the (x0, x1) corner pair
+    channel_chunks: tuple[tuple[int, int], ...]  # (c0, c) <= 128 channels per transpose
+    psum_columns: int                # transposed columns per PSUM bank
+    # scatter
+    scatter_partitions: int          # P_s
+    scatter_pairs: bool              # one index writes the (x0, x1) corner pair
+    k_base: int
+    num_buffers: int                 # K per core
+    scatter_sets: int                # S (round robin over DMAs)
+    # flags
+    compute_grad_value: bool
+    compute_grad_sampling_locations: bool
+    compute_grad_attention_weights: bool
+    # memory plan
+    sbuf_budget: int
+    sbuf_tiles: tuple[tuple[str, tuple[int, ...], str], ...] = field(repr=False)
+
+    # ----------------------------------------------------------------- derived sizes
+    @property
+    def rows_per_batch(self) -> int:
+        """R = L*N_h rows of C_h in one batch of value / one buffer."""
+        return self.problem.total_pixels * self.problem.num_heads
+
+    @property
+    def columns_per_block(self) -> int:
+        """4*N_p gather/scatter columns (point, corner) per sample row."""
+        return 4 * self.problem.num_points
+
+    @property
+    def needs_gather(self) -> bool:
+        return self.compute_grad_sampling_locations or self.compute_grad_attention_weights
+
+    @property
+    def total_buffers(self) -> int:
+        """lnc*K buffers per batch and per set."""
+        return self.lnc * self.num_buffers
+
+    @property
+    def buffer_shape(self) -> tuple[int, int, int, int]:
+        """One buffer set: (B, lnc*K, R, C_h) fp32."""
+        return (self.problem.batch, self.total_buffers, self.rows_per_batch, self.problem.head_dim)
+
+    @property
+    def iota_k_scale_shape(self) -> tuple[int, int]:
+        """(128, 1) int32: row offset k(j)*R of the buffer partition j of a block scatters into."""
+        return (PARTITIONS, 1)
+
+    @property
+    def pair_mode(self) -> bool:
+        return self.gather_pairs or self.scatter_pairs
+
+    @property
+    def max_scatter_index(self) -> int:
+        return self.num_buffers * self.rows_per_batch - 1
+
+    @property
+    def padded_scatter_index_base(self) -> int:
+        """First out-of-range row index used for padded scatter rows (skipped)."""
+        return self.buffer_rows_total
+
+    @property
+    def buffer_rows_total(self) -> int:
+        b, kk, r, _ = self.buffer_shape
+        return b * kk * r
+
+    @property
+    def queries_per_core(self) -> int:
+        return -(-self.problem.num_queries // self.lnc)
+
+    def core_queries(self, core: int) -> tuple[int, int]:
+        """[start, stop) queries of each batch handled by ``core``."""
+        start = min(core * self.queries_per_core, self.problem.num_queries)
+        return start, min(start + self.queries_per_core, self.problem.num_queries)
+
+    def super_tiles(self, core: int) -> list[tuple[int, int, int]]:
+        """(first query, blocks, partitions) of each super-tile of one batch on ``core``.
+
+        Full blocks are grouped T at a time; a trailing partial block is its own tile.
+        """
+        q0, q1 = self.core_queries(core)
+        tiles = []
+        full_blocks, rest = divmod(q1 - q0, self.queries_per_block)
+        for first in range(0, full_blocks, self.blocks_per_tile):
+            blocks = min(self.blocks_per_tile, full_blocks - first)
+            tiles.append((q0 + first * self.queries_per_block, blocks, self.partitions_per_block))
+        if rest:
+            tiles.append((q0 + full_blocks * self.queries_per_block, 1, rest * self.groups))
+        return tiles
+
+    def reduce_bands(self, core: int) -> tuple[int, int]:
+        """[start, stop) flat elements of one batch's (R, C_h) map reduced by ``core``."""
+        total = self.rows_per_batch * self.problem.head_dim
+        per_core = -(-total // self.lnc)
+        start = min(core * per_core, total)
+        return start, min(start + per_core, total)
+
+    @property
+    def sbuf_bytes_per_partition(self) -> int:
+        return sum(_tile_bytes(shape, dtype) for _, shape, dtype in self.sbuf_tiles)
+
+    @property
+    def scratch_hbm_bytes(self) -> int:
+        """Bytes of the fp32 K-buffer sets (0 when grad_value is not computed)."""
+        if not self.compute_grad_value:
+            return 0
+        b, kk, r, c = self.buffer_shape
+        return self.scatter_sets * b * kk * r * c * 4
+
+    def describe(self) -> dict:
+        """Plain dict for reports."""
+        return {
+            "G": self.groups, "Q_t": self.queries_per_block, "P_t": self.partitions_per_block,
+            "T": self.blocks_per_tile, "gather_method": self.gather_method,
+            "P_g": self.gather_partitions, "M_g": self.gather_columns,
+            "pairs_g": self.gather_pairs, "P_s": self.scatter_partitions,
+            "pairs_s": self.scatter_pairs, "K_base": self.k_base,
+            "K": self.num_buffers, "S": self.scatter_sets, "lnc": self.lnc,
+            "sbuf_bytes_per_partition": self.sbuf_bytes_per_partition,
+            "scratch_hbm_bytes": self.scratch_hbm_bytes,
+        }
+
+
+_DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
+PAIR_MIN_INDICES = 2 * PARTITIONS  # a cap of >= 256 indices lets one index move an (x0, x1) pair
+
+
+def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = math.prod(shape) * _DTYPE_BYTES[dtype]
+    return -(-n // 4) * 4
+
+
+def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_method: str,
+                gather_columns: int, channel_chunks, psum_columns: int, want_value: bool,
+                want_gather: bool, pairs: bool) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
+
+    Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
+    = (sample, y-corner a, x-corner b); per-block tiles hold the 4*N_p columns of one block.
+    """
+    n_p, c_h = problem.num_points, problem.head_dim
+    f = blocks * n_p
+    cols = 4 * n_p
+    tiles = [
+        ("consts", (16,), "float32"),
+        ("kscale", (1,), "int32"),
+        ("kscale_f", (1,), "float32"),
+        ("loc", (f, 2), "float32"),
+        ("attn", (f,), "float32"),
+        ("ok", (f,), "float32"),
+        ("okp", (f,), "uint8"),
+        ("zeros", (f,), "float32"),
+        ("xy", (2, f), "float32"),
+        ("xy_int", (2, f), "int32"),
+        ("xy_round", (2, f), "float32"),
+        ("xy_tmp", (2, f), "float32"),
+        ("frac", (2, f), "float32"),
+        ("scale_a", (2, f), "float32"),
+        ("corner", (2, 2, f), "float32"),
+        ("corner_c", (2, 2, f), "float32"),
+        ("valid", (2, 2, f), "float32"),
+        ("fw", (2, 2, f), "float32"),
+        ("xterm", (2, f), "float32"),
+        ("rows", (f, 4), "float32"),
+        ("weights", (f, 4), "float32"),
+        ("grad", (blocks, c_h), "float32"),
+        ("work", (cols, c_h), "float32"),
+    ]
+    if pairs:
+        tiles += [("pair_rows", (f, 2), "float32"), ("pair_sel", (f, 2), "float32"),
+                  ("pair_tmp", (f, 4), "float32"), ("pair_coef", (f, 4), "float32")]
+    if want_gather:
+        tiles += [
+            ("gidx", (f * 4,), "uint32" if gather_method == "transpose" else "int32"),
+            ("dc", (f, 4), "float32"),
+            ("dwx", (f, 4), "float32"),
+            ("dwy", (f, 4), "float32"),
+            ("prod4", (f, 4), "float32"),
+            ("gathered", (cols, c_h), value_dtype),
+            ("gaw", (f,), "float32"),
+            ("gaw_out", (f,), value_dtype),
+            ("gsl", (f, 2), "float32"),
+        ]
+        if gather_method == "transpose":  # partitions = channels, free = M_g*128 gathered rows
+            tiles.append(("transposed", (gather_columns * PARTITIONS,), value_dtype))
+    if want_value:
+        tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32")]
+    tiles += [
+        ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
+        ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),
+        ("red_out", (REDUCE_FREE_ELEMENTS,), value_dtype),
+    ]
+    return tuple(tiles)
+
+
+def make_backward_config(
+    problem: MSDAProblem,
+    value_dtype: str,
+    lnc: int = 1,
+    gather_method: str = "transpose",
+    max_gather_indices_per_indirect: int | None = None,
+    max_scatter_indices_per_indirect: int | None = None,
+    num_scatter_buffers: int | None = None,
+    compute_grad_value: bool = True,
+    compute_grad_sampling_locations: bool = True,
+    compute_grad_attention_weights: bool = True,
+    sbuf_budget: int = TRN2_USABLE_SBUF_BYTES,
+) -> BackwardConfig:
+    """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs."""
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc!r}")
+    if gather_method not in GATHER_METHODS:
+        raise ValueError(f"gather_method: expected one of {list(GATHER_METHODS)}, got {gather_method!r}")
+    _check_cap("max_gather_indices_per_indirect", max_gather_indices_per_indirect)
+    _check_cap("max_scatter_indices_per_indirect", max_scatter_indices_per_indirect)
+    if num_scatter_buffers is not None and (
+            isinstance(num_scatter_buffers, bool) or not isinstance(num_scatter_buffers, int)
+            or not 1 <= num_scatter_buffers <= MAX_SCATTER_BUFFER_SETS):
+        raise ValueError(f"num_scatter_buffers: expected None or an int in [1, {MAX_SCATTER_BUFFER_SETS}], "
+                         f"got {num_scatter_buffers!r}")
+    flags = (compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights)
+    if not any(flags):
+        raise ValueError("compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights: "
+                         "expected at least one True, got all False")
+    if value_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"value: expected dtype float32, bfloat16 or float16, got {value_dtype}")
+    itemsize = _DTYPE_BYTES[value_dtype]
+
+    n_h, n_l, n_p, c_h = problem.num_heads, problem.num_levels, problem.num_points, problem.head_dim
+    groups = n_h * n_l
+    if groups > PARTITIONS:
+        raise ValueError(f"num_heads*num_levels: expected at most {PARTITIONS} (one query's sample rows must fit "
+                         f"the partitions), got {n_h}*{n_l} = {groups}")
+    rows = problem.total_pixels * n_h
+    if rows >= FP32_EXACT_INT_MAX:
+        raise ValueError(f"value: L*N_h = {rows} rows per batch exceeds the fp32-exact index limit 2^24 = "
+                         f"{FP32_EXACT_INT_MAX} (L = {problem.total_pixels}, N_h = {n_h})")
+    queries_per_block = PARTITIONS // groups
+    cols = 4 * n_p
+    pairs_possible = min(w for _, w in problem.spatial_shapes) >= 2
+
+    # gather plan
+    method = "copy" if itemsize == 4 else gather_method
+    cap = max_gather_indices_per_indirect
+    gather_partitions, gather_columns, gather_pairs = PARTITIONS, 1, False
+    if cap is not None and cap < PARTITIONS:
+        if method == "transpose":
+            raise ValueError(f"max_gather_indices_per_indirect: the transpose gather needs at least {PARTITIONS} "
+                             f"indices per DMA, got {cap}; use gather_method='copy' for smaller caps")
+        gather_partitions = _pow2_floor(cap)
+    elif method == "transpose":  # None = no cap: as many columns as the packet limit allows
+        limit = min(cols, TRANSPOSE_PACKET_COLUMNS // (PARTITIONS // min(c_h, PARTITIONS)))
+        if cap is not None:
+            limit = min(limit, cap // PARTITIONS)
+        gather_columns = _largest_divisor_at_most(cols, max(limit, 1))
+    else:
+        gather_pairs = (cap is None or cap >= PAIR_MIN_INDICES) and pairs_possible
+    channel_chunks = tuple((c0, min(PARTITIONS, c_h - c0)) for c0 in range(0, c_h, PARTITIONS))
+    psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (max(c for _, c in channel_chunks) * itemsize)))
+
+    # scatter plan
+    cap = max_scatter_indices_per_indirect
+    scatter_partitions = PARTITIONS if cap is None else _pow2_floor(min(cap, PARTITIONS))
+    scatter_pairs = (cap is None or cap >= PAIR_MIN_INDICES) and pairs_possible
+    k_base = -(-scatter_partitions // groups)
+    while k_base * rows >= FP32_EXACT_INT_MAX and scatter_partitions > 1:
+        scatter_partitions //= 2
+        k_base = -(-scatter_partitions // groups)
+    sets = 1 if num_scatter_buffers is None else num_scatter_buffers
+
+    # SBUF: as many blocks per super-tile as fit
+    budget = sbuf_budget - SBUF_FIT_RESERVE
+    blocks = MAX_BLOCKS_PER_TILE
+    while True:
+        tiles = _sbuf_tiles(problem, value_dtype, blocks, method, gather_columns, channel_chunks,
+                            psum_columns, compute_grad_value,
+                            compute_grad_sampling_locations or compute_grad_attention_weights,
+                            gather_pairs or scatter_pairs)
+        used = sum(_tile_bytes(s, d) for _, s, d in tiles)
+        if used <= budget or blocks == 1:
+            break
+        blocks //= 2
+    if used > budget:
+        raise ValueError(f"SBUF: the backward tiles need {used} bytes per partition, over the budget "
+                         f"{budget} (N_p = {n_p}, C_h = {c_h}, value dtype {value_dtype})")
+    return BackwardConfig(
+        problem=problem, lnc=lnc, value_itemsize=itemsize, groups=groups,
+        queries_per_block=queries_per_block, partitions_per_block=queries_per_block * groups,
+        blocks_per_tile=blocks, gather_method=method, gather_partitions=gather_partitions,
+        gather_columns=gather_columns, gather_pairs=gather_pairs, channel_chunks=channel_chunks,
+        psum_columns=psum_columns, scatter_partitions=scatter_partitions, scatter_pairs=scatter_pairs,
+        k_base=k_base, num_buffers=k_base, scatter_sets=sets, compute_grad_value=compute_grad_value,
+        compute_grad_sampling_locations=compute_grad_sampling_locations,
+        compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
+        sbuf_tiles=tiles)
+
+
+def buffer_index(config: BackwardConfig, partition: int) -> int:
+    """k(j)*R: row offset of the buffer partition j (within a block) scatters into."""
+    local = partition % config.scatter_partitions
+    return (local // config.groups) * config.rows_per_batch

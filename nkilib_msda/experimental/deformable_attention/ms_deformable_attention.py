@@ -1,0 +1,242 @@
+"""NKI forward kernel of multi-scale deformable attention (beta-2 NKI, ``@nki.jit``).
+
+Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
+
+- **Queries on partitions.** A tile is <= 128 partitions x ``q_pack`` consecutive queries, all
+  heads at once, so parameter loads and the output store are one contiguous run per partition
+  (each parameter and the output cross HBM exactly once). LNC: core ``s`` takes queries
+  ``[s * ceil(N_q / lnc), ...)``; cores share nothing but the output.
+- **Coordinates** (``_sampling.py``): fp32 via DMA casts; NaN removed with a bit mask and its
+  weight zeroed; pixel coordinates clamped before the float->int cast; real floor; corner
+  indices clamped into the map with 0/1 validity factors (zeros) or clipped coordinates
+  (border). About 20 + 9 * N_l Vector/Scalar instructions per tile, independent of C_h.
+- **Row indices, not element offsets.** ``vector_offset`` scales an index by the receiver's
+  dim-0 stride, so gathers run on the 2-D ``(B * rows, C_h)`` view of ``value`` with the
+  batch in the AP offset: exact while ``L * N_h < 2^24`` (checked up front) instead of
+  ``L * N_h * C_h < 2^24`` for element offsets.
+- **Gather, "transpose"** (2-byte values): one indirect ``dma_transpose`` per block of
+  ``dma_cols`` index columns and 128-channel tile brings ``(C_t, dma_cols * 128)`` to SBUF;
+  per column a Tensor-engine ``nc_transpose`` puts ``(128, C_t)`` into a bank-sized PSUM block;
+  one ``tensor_tensor`` multiplies the PSUM block by the (broadcast) corner weights into an
+  fp32 product, and one ``tensor_reduce`` per reduce group adds the columns of each (query,
+  head) into the fp32 accumulator.
+- **Gather, "copy"** (any dtype; fp32 values always use it): one indirect ``dma_copy`` per
+  index column ``(128, C_h)``, then the same multiply + reduce straight from SBUF.
+- Every corner of every sample is exactly one descriptor of ``C_h * dtype`` bytes per
+  channel tile; no pixel is gathered twice. Padded partitions of a ragged tile compute with
+  zero coordinates and weights (valid indices, no uninitialised reads) and are not stored.
+- Accumulation is fp32; the store DMA casts once to the value dtype.
+
+Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
+:func:`forward_config.build_forward_config` before any instruction is emitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from nkilib_msda._nki import nki, nisa, nl
+from nkilib_msda.experimental.deformable_attention import _sampling as smp
+from nkilib_msda.experimental.deformable_attention.forward_config import (
+    COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, build_forward_config)
+from nkilib_msda.validation import MSDAProblem, dtype_name, validate_msda_args
+
+__all__ = ["ms_deformable_attention", "forward_config_for"]
+
+_PARAM_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def forward_config_for(value: Any, spatial_shapes: Any, level_start_index: Any,
+                       sampling_locations: Any, attention_weights: Any,
+                       value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
+                       align_corners: bool = False, padding_mode: str = "zeros",
+                       max_indices_per_indirect: Optional[int] = None,
+                       gather_method: str = "transpose", lnc: int = 1) -> ForwardConfig:
+    """Validate the arguments and return the kernel's tiling plan (plain Python; no NKI)."""
+    problem = validate_msda_args(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+        value_layout, sampling_locations_layout, align_corners, padding_mode,
+        padding_modes=("zeros", "border"))
+    for name, t in (("value", value), ("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if dtype_name(t.dtype) not in _PARAM_DTYPES:
+            raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 for the NKI "
+                            f"kernel, got {dtype_name(t.dtype)}")
+    return build_forward_config(problem, dtype_name(value.dtype), lnc=lnc,
+                                gather_method=gather_method,
+                                max_indices_per_indirect=max_indices_per_indirect)
+
+
+class _Buffers:
+    """Every SBUF/PSUM allocation of the kernel, sized by the config (see sbuf_buffers())."""
+
+    def __init__(self, cfg: ForwardConfig, value_dtype: Any):
+        n = cfg.samples(cfg.q_pack)
+        slots = cfg.slots(cfg.q_pack)
+        c = cfg.problem.head_dim
+        f32, i32 = nl.float32, nl.int32
+        sb = nl.sbuf
+        words = {"loc": 2 * n, "att": n, "mask": 2 * n, "xp": 2 * n, "floor": 2 * n,
+                 "frac": 2 * n, "corners": 4 * n, "factors": 4 * n}
+        assert sum(words.values()) == COORD_SCRATCH_WORDS * n
+        self.loc = nl.ndarray((PARTITIONS, words["loc"]), dtype=f32, buffer=sb, name="loc")
+        self.att = nl.ndarray((PARTITIONS, n), dtype=f32, buffer=sb, name="att")
+        self.mask = nl.ndarray((PARTITIONS, 2 * n), dtype=i32, buffer=sb, name="mask")
+        self.xp = nl.ndarray((PARTITIONS, 2 * n), dtype=f32, buffer=sb, name="xp")
+        self.floor = nl.ndarray((PARTITIONS, 2 * n), dtype=f32, buffer=sb, name="floor")
+        self.frac = nl.ndarray((PARTITIONS, 2 * n), dtype=f32, buffer=sb, name="frac")
+        self.corners = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="corners")
+        self.factors = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="factors")
+        self.head_off = nl.ndarray((PARTITIONS, slots), dtype=f32, buffer=sb, name="head_off")
+        self.head_ints = nl.ndarray((PARTITIONS, slots), dtype=i32, buffer=sb, name="head_ints")
+        self.rows = [nl.ndarray((PARTITIONS, 4 * n), dtype=nl.uint32, buffer=sb, name=f"rows{i}")
+                     for i in range(cfg.tile_bufs)]
+        self.weights = [nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name=f"wts{i}")
+                        for i in range(cfg.tile_bufs)]
+        self.acc = [nl.ndarray((PARTITIONS, slots * c), dtype=f32, buffer=sb, name=f"acc{i}")
+                    for i in range(cfg.tile_bufs)]
+        group = cfg.group_cols_max
+        self.prod = [nl.ndarray((PARTITIONS, group * c), dtype=f32, buffer=sb, name=f"prod{i}")
+                     for i in range(cfg.gather_bufs)]
+        self.piece_sum = (nl.ndarray((PARTITIONS, c), dtype=f32, buffer=sb, name="piece_sum")
+                          if group < cfg.cols_per_slot else None)
+        if cfg.gather_method == "copy":
+            self.gathered = [nl.ndarray((PARTITIONS, group * c), dtype=value_dtype, buffer=sb,
+                                        name=f"gathered{i}") for i in range(cfg.gather_bufs)]
+        else:
+            self.gathered_t = [
+                [nl.ndarray((c1 - c0, cfg.dma_cols * PARTITIONS), dtype=value_dtype, buffer=sb,
+                            name=f"gathered_t{i}_{t}")
+                 for t, (c0, c1) in enumerate(cfg.channel_tiles)]
+                for i in range(cfg.gather_bufs)]
+            self.psum = [nl.ndarray((PARTITIONS, cfg.psum_cols * c), dtype=value_dtype,
+                                    buffer=nl.psum, name=f"untransposed{i}")
+                         for i in range(cfg.psum_bufs)]
+
+
+def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, cfg: ForwardConfig,
+                      locations: Any, attention_weights: Any, b: int, tile: Any) -> None:
+    """Fill ``rows`` (uint32 row indices) and ``weights`` (fp32 a * m_c * w_c), (n, 4) each."""
+    p = cfg.problem
+    slots = cfg.slots(tile.q_pack)
+    n = cfg.samples(tile.q_pack)
+    coords = smp.load_locations(buf.loc, locations, p, b, tile.q_start, tile.partitions,
+                                tile.q_pack)
+    smp.load_attention(buf.att, attention_weights, p, b, tile.q_start, tile.partitions,
+                       tile.q_pack)
+    smp.sanitize_coordinates(buf.xp, coords, buf.mask, buf.att, n)
+    smp.to_pixel_coordinates(buf.xp, p, slots)
+    smp.floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.mask, 2 * n)
+    smp.clamp_corners(buf.corners, buf.floor, p, slots)
+    smp.corner_factors(buf.factors, buf.corners, buf.floor, buf.frac, p.padding_mode, n)
+    smp.corner_rows(rows, buf.corners, buf.head_off, p, slots)
+    smp.corner_weights(weights, buf.factors, buf.att, n)
+
+
+def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
+                      cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
+                      psum_counter: list) -> None:
+    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (transpose path)."""
+    c = cfg.problem.head_dim
+    for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
+        index_block = smp.tile_view(rows, [[1, dn]], offset=d0)
+        for t, (c0, c1) in enumerate(cfg.channel_tiles):
+            src = value_rows.ap([[c, dn * PARTITIONS], [1, c1 - c0]], offset=batch_offset + c0,
+                                vector_offset=index_block)
+            dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, dn * PARTITIONS]], parts=c1 - c0)
+            nisa.dma_transpose(dst=dst, src=src)
+        for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
+            ps = buf.psum[psum_counter[0] % cfg.psum_bufs]
+            psum_counter[0] += 1
+            for k in range(k0, k0 + kn):
+                for t, (c0, c1) in enumerate(cfg.channel_tiles):
+                    nisa.nc_transpose(
+                        dst=smp.tile_view(ps, [[1, c1 - c0]], offset=(k - k0) * c + c0),
+                        data=smp.tile_view(buf.gathered_t[gbuf][t], [[1, PARTITIONS]],
+                                           offset=(k - d0) * PARTITIONS, parts=c1 - c0))
+            nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c),
+                               data1=smp.tile_view(ps, [[c, kn], [1, c]]),
+                               data2=smp.tile_view(weights, [[1, kn], [0, c]], offset=k0),
+                               op=nl.multiply)
+
+
+def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
+                 cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any) -> None:
+    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (copy path)."""
+    c = cfg.problem.head_dim
+    gathered = buf.gathered[gbuf]
+    for k in range(grp.col0, grp.col0 + grp.cols):
+        src = value_rows.ap([[c, PARTITIONS], [1, c]], offset=batch_offset,
+                            vector_offset=smp.tile_view(rows, [[1, 1]], offset=k))
+        nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c), src=src)
+    nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, grp.cols], [1, c]]),
+                       data1=smp.tile_view(gathered, [[c, grp.cols], [1, c]]),
+                       data2=smp.tile_view(weights, [[1, grp.cols], [0, c]], offset=grp.col0),
+                       op=nl.multiply)
+
+
+def _reduce_group(buf: _Buffers, prod: Any, acc: Any, cfg: ForwardConfig, grp: Any) -> None:
+    """acc[slot] (+)= sum over the group's columns of prod (fp32)."""
+    c = cfg.problem.head_dim
+    per_slot = grp.cols // grp.slots
+    data = smp.tile_view(prod, [[per_slot * c, grp.slots], [1, c], [c, per_slot]])
+    target = smp.tile_view(acc, [[c, grp.slots], [1, c]], offset=grp.slot0 * c)
+    if grp.first_piece:
+        nisa.tensor_reduce(dst=target, op=nl.add, data=data, axis=3)
+        return
+    piece = smp.tile_view(buf.piece_sum, [[c, 1], [1, c]])
+    nisa.tensor_reduce(dst=piece, op=nl.add, data=data, axis=3)
+    nisa.tensor_tensor(dst=target, data1=target, data2=piece, op=nl.add)
+
+
+@nki.jit
+def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_locations,
+                            attention_weights, value_layout="BLNC",
+                            sampling_locations_layout="BQHLP2", align_corners=False,
+                            padding_mode="zeros", max_indices_per_indirect=None,
+                            gather_method="transpose"):
+    """Multi-scale deformable attention forward.
+
+    value (B, L, N_h, C_h) "BLNC" or (B, N_h, L, C_h) "BNLC", bf16/fp16/fp32;
+    sampling_locations (B, N_q, N_h, N_l, N_p, 2) "BQHLP2" or (B, 2, N_q, N_h, N_l, N_p)
+    "B2QHLP"; attention_weights (B, N_q, N_h, N_l, N_p); spatial_shapes / level_start_index
+    tuples. Returns (B, N_q, N_h * C_h) in value's dtype (shared HBM).
+    ``gather_method``: "transpose" (2-byte values; fp32 falls back to "copy") or "copy";
+    ``max_indices_per_indirect``: cap on indices per indirect DMA (>= 128; transpose path:
+    ``cap // 128`` index columns per dma_transpose).
+    """
+    lnc = nl.num_programs(0) if nl.program_ndim() > 0 else 1
+    core = nl.program_id(0) if nl.program_ndim() > 0 else 0
+    cfg = forward_config_for(value, spatial_shapes, level_start_index, sampling_locations,
+                             attention_weights, value_layout, sampling_locations_layout,
+                             align_corners, padding_mode, max_indices_per_indirect,
+                             gather_method, lnc)
+    p: MSDAProblem = cfg.problem
+    out = nl.ndarray(p.output_shape, dtype=value.dtype, buffer=nl.shared_hbm, name="msda_out")
+    rows_per_batch = p.total_pixels * p.num_heads
+    value_rows = value.reshape((p.batch * rows_per_batch, p.head_dim))
+    buf = _Buffers(cfg, value.dtype)
+    smp.build_head_offsets(buf.head_off, buf.head_ints, p, cfg.q_pack)
+    psum_counter = [0]
+    tile_index = 0
+    q_lo, q_hi = cfg.core_range(core)
+    for b in range(p.batch):
+        batch_offset = b * rows_per_batch * p.head_dim
+        for tile in cfg.tiles(q_lo, q_hi):
+            slot = tile_index % cfg.tile_bufs
+            tile_index += 1
+            rows, weights, acc = buf.rows[slot], buf.weights[slot], buf.acc[slot]
+            _coordinate_phase(buf, rows, weights, cfg, sampling_locations, attention_weights,
+                              b, tile)
+            for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
+                gbuf = gi % cfg.gather_bufs
+                prod = buf.prod[gbuf]
+                if cfg.gather_method == "copy":
+                    _gather_copy(buf, gbuf, prod, rows, weights, cfg, value_rows, batch_offset,
+                                 grp)
+                else:
+                    _gather_transpose(buf, gbuf, prod, rows, weights, cfg, value_rows,
+                                      batch_offset, grp, psum_counter)
+                _reduce_group(buf, prod, acc, cfg, grp)
+            smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)
+    return out

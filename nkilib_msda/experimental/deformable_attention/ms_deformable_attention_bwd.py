@@ -1,0 +1,384 @@
+"""NKI backward kernel of multi-scale deformable attention (nkilib signature, api.md §1).
+
+Design (details and the scatter-uniqueness proof in ``backward_config``):
+- One sample row (q, h, l) per partition, N_p points in the free dims; T blocks of whole
+  queries per super-tile. Coordinates, floors, masks and weights in fp32 (real floor; NaN
+  coordinates sanitized and masked; hostile values clamped before any index is formed).
+- Gathers (only when grad_sampling_locations or grad_attention_weights is wanted): indirect
+  ``dma_transpose`` of <= 128-channel chunks (2-byte values; multi-column uint32 index tiles
+  batch M_g columns) plus PE transposes back, or indirect ``dma_copy`` (any dtype; with a cap
+  >= 256 one index fetches the (x0, x1) corner pair as two runs).
+- grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
+  per instruction (``max_scatter_indices_per_indirect`` <= 128 shrinks the partitions per
+  scatter and K; >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets round robin,
+  fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
+
+Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32, shape
+(B, lnc*K, L*N_h, C_h), rows in value's layout order (BLNC: pix*N_h + h; BNLC: h*L + pix).
+``iota_k_scale``: (128, 1) int32, the row offset k(j)*R of the buffer partition j writes.
+``reduced_grad_value`` / ``prev_reduced_grad_value``: float32 with value's shape (the raw sum
+of the buffers, before subtracting ``prev_reduced_grad_value``).
+"""
+
+from __future__ import annotations
+
+from nkilib_msda._nki import nisa, nki, nl
+from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
+from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
+from nkilib_msda.experimental.deformable_attention.backward_config import (
+    PARTITIONS, make_backward_config)
+from nkilib_msda.validation import dtype_name, validate_msda_args
+
+__all__ = ["ms_deformable_attention_bwd"]
+
+
+def _program() -> tuple[int, int]:
+    if nl.program_ndim() == 0:
+        return 1, 0
+    return nl.num_programs(0), nl.program_id(0)
+
+
+def _check_tensor(name: str, t, shape, dtype: str) -> None:
+    if t is None:
+        return
+    got = (tuple(t.shape), dtype_name(t.dtype))
+    if got != (tuple(shape), dtype):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got shape {got[0]} "
+                         f"and dtype {got[1]}")
+
+
+def _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
+                 prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value) -> None:
+    _check_tensor("iota_k_scale_in", iota_k_scale_in, cfg.iota_k_scale_shape, "int32")
+    needs_value = {"grad_value_buffers_in": grad_value_buffers_in is not None,
+                   "prev_reduced_grad_value": prev_reduced_grad_value is not None,
+                   "dump_grad_value_buffers": bool(dump_grad_value_buffers),
+                   "dump_reduced_grad_value": bool(dump_reduced_grad_value)}
+    for name, used in needs_value.items():
+        if used and not cfg.compute_grad_value:
+            raise ValueError(f"{name}: needs compute_grad_value=True (the buffers only exist for grad_value)")
+    _check_tensor("grad_value_buffers_in", grad_value_buffers_in, cfg.buffer_shape, "float32")
+    if grad_value_buffers_in is not None and num_scatter_buffers not in (None, 1):
+        raise ValueError(f"num_scatter_buffers: expected None or 1 with grad_value_buffers_in, "
+                         f"got {num_scatter_buffers!r}")
+    _check_tensor("prev_reduced_grad_value", prev_reduced_grad_value, value.shape, "float32")
+
+
+def _rows_ap(flat2d, row0: int, parts: int, blocks: int, rows_per_block: int):
+    """(parts, blocks, width) view of rows row0 + t*rows_per_block + j of a 2-D HBM tensor."""
+    width = flat2d.shape[1]
+    return flat2d.ap([[width, parts], [rows_per_block * width, blocks], [1, width]], offset=row0 * width)
+
+
+@nki.jit
+def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                attention_weights, value_layout="BLNC", sampling_locations_layout="BQHLP2",
+                                align_corners=False, padding_mode="zeros", max_gather_indices_per_indirect=None,
+                                max_scatter_indices_per_indirect=None, gather_method="transpose",
+                                num_scatter_buffers=None, compute_grad_value=True,
+                                compute_grad_sampling_locations=True, compute_grad_attention_weights=True,
+                                iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
+                                dump_iota_k_scale=False, dump_grad_value_buffers=False,
+                                dump_reduced_grad_value=False):
+    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (api.md §1).
+
+    Returns the enabled gradients (grad_value: value's shape/layout/dtype; grad_sampling_locations:
+    the locations' shape/layout in float32; grad_attention_weights: (B, N_q, N_h, N_l, N_p) in
+    value's dtype), then the enabled dumps (iota_k_scale, grad_value_buffers set 0,
+    reduced_grad_value), all in shared HBM.
+    """
+    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, value_layout, sampling_locations_layout, align_corners,
+                                 padding_mode, grad_output=grad_output, padding_modes=("zeros", "border"))
+    lnc, core = _program()
+    vdt = dtype_name(value.dtype)
+    cfg = make_backward_config(
+        problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
+        num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
+        bool(compute_grad_attention_weights), nl.tile_size.total_available_sbuf_size)
+    _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
+                 prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
+    return _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights).run(
+        iota_k_scale_in, grad_value_buffers_in, prev_reduced_grad_value, dump_iota_k_scale,
+        dump_grad_value_buffers, dump_reduced_grad_value)
+
+
+class _BackwardKernel:
+    """Instruction emission for one program (logical core)."""
+
+    def __init__(self, cfg, core, value, grad_output, locations, attention):
+        self.cfg, self.core = cfg, core
+        p = self.p = cfg.problem
+        self.vdt = value.dtype
+        self.value2d = value.reshape((p.batch * cfg.rows_per_batch, p.head_dim))
+        self.grad_flat = grad_output.reshape((p.batch * p.num_queries * p.num_heads * p.head_dim,))
+        rows = p.batch * p.num_queries * cfg.groups
+        if p.sampling_locations_layout == "BQHLP2":
+            self.loc2d = locations.reshape((rows, p.num_points * 2))
+        else:
+            self.loc2d = locations.reshape((rows * 2, p.num_points))
+        self.attn2d = attention.reshape((rows, p.num_points))
+        self.want_gsl = cfg.compute_grad_sampling_locations
+        self.want_gaw = cfg.compute_grad_attention_weights
+        self.dma_count = 0
+
+    # ------------------------------------------------------------------ setup
+    def _outputs(self):
+        cfg, p = self.cfg, self.p
+        self.grad_value = self.gsl_out = self.gaw_out = None
+        if cfg.compute_grad_value:
+            self.grad_value = nl.ndarray(p.value_shape, dtype=self.vdt, buffer=nl.shared_hbm, name="grad_value")
+        if self.want_gsl:
+            self.gsl_out = nl.ndarray(p.sampling_locations_shape, dtype=nl.float32, buffer=nl.shared_hbm,
+                                      name="grad_sampling_locations")
+        if self.want_gaw:
+            self.gaw_out = nl.ndarray(p.attention_weights_shape, dtype=self.vdt, buffer=nl.shared_hbm,
+                                      name="grad_attention_weights")
+
+    def _alloc(self):
+        tiles = {}
+        for name, shape, dtype in self.cfg.sbuf_tiles:
+            tiles[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype), buffer=nl.sbuf, name=name)
+        self.t = tiles
+        if self.cfg.gather_method == "transpose" and self.cfg.needs_gather:
+            cmax = max(c for _, c in self.cfg.channel_chunks)
+            self.psum = nl.ndarray((PARTITIONS, self.cfg.psum_columns, cmax), dtype=self.vdt, buffer=nl.psum,
+                                   name="psum_transpose")
+
+    def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
+        cfg, p = self.cfg, self.p
+        self._outputs()
+        self._alloc()
+        t = self.t
+        smp.build_partition_constants(cfg, t)
+        if iota_in is not None:
+            nisa.dma_copy(dst=t["kscale"], src=iota_in)
+            nisa.tensor_copy(dst=t["kscale_f"], src=t["kscale"])
+        else:
+            smp.build_kscale(cfg, t)
+        nisa.memset(dst=t["zeros"], value=0.0)
+        if "gidx" in t:
+            nisa.memset(dst=t["gidx"], value=0)
+
+        buffer_sets = []
+        if cfg.compute_grad_value:
+            rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
+            if buffers_in is not None:
+                buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
+            else:
+                buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32, buffer=nl.shared_hbm,
+                                          name=f"grad_value_buffers_{s}") for s in range(cfg.scatter_sets)]
+                bufs.zero_own_buffers(cfg, buffer_sets, self.core, t["red"])
+        self.buffer_sets = buffer_sets
+
+        for b in range(p.batch):
+            for q0, blocks, parts in cfg.super_tiles(self.core):
+                self._super_tile(b, q0, blocks, parts)
+
+        results = [x for x in (self.grad_value, self.gsl_out, self.gaw_out) if x is not None]
+        reduced_out = None
+        if dump_reduced:
+            reduced_out = nl.ndarray(p.value_shape, dtype=nl.float32, buffer=nl.shared_hbm,
+                                     name="reduced_grad_value")
+        if cfg.compute_grad_value:
+            if cfg.lnc > 1:
+                nisa.core_barrier(data=buffer_sets[0], cores=tuple(range(cfg.lnc)))
+            bufs.reduce_and_store(cfg, buffer_sets, self.core, t, self.grad_value, prev_reduced, reduced_out)
+        if dump_iota:
+            iota_out = nl.ndarray(cfg.iota_k_scale_shape, dtype=nl.int32, buffer=nl.shared_hbm, name="iota_k_scale")
+            nisa.dma_copy(dst=iota_out, src=t["kscale"])
+            results.append(iota_out)
+        if dump_buffers:
+            results.append(buffers_in if buffers_in is not None else buffer_sets[0].reshape(cfg.buffer_shape))
+        if dump_reduced:
+            results.append(reduced_out)
+        return tuple(results)
+
+    # ------------------------------------------------------------------ per super-tile
+    def _super_tile(self, b: int, q0: int, blocks: int, n: int) -> None:
+        cfg, p, t = self.cfg, self.p, self.t
+        f = blocks * p.num_points
+        row0 = (b * p.num_queries + q0) * cfg.groups
+        rpb = cfg.partitions_per_block
+        if p.sampling_locations_layout == "BQHLP2":
+            nisa.dma_copy(dst=t["loc"][0:n, 0:f, :], src=_rows_ap(self.loc2d, row0, n, blocks, rpb))
+        else:
+            plane = p.num_queries * cfg.groups
+            for c in range(2):
+                prow = (b * 2 + c) * plane + q0 * cfg.groups
+                nisa.dma_copy(dst=t["loc"][0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
+        nisa.dma_copy(dst=t["attn"][0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
+        n_h, c_h, n_l = p.num_heads, p.head_dim, p.num_levels
+        queries = n // cfg.groups
+        grad_src = self.grad_flat.ap(
+            [[n_h * c_h, queries], [c_h, n_h], [0, n_l], [cfg.queries_per_block * n_h * c_h, blocks], [1, c_h]],
+            offset=(b * p.num_queries + q0) * n_h * c_h)
+        nisa.dma_copy(dst=t["grad"][0:n, 0:blocks, :], src=grad_src)
+
+        smp.sample_terms(cfg, t, n, f, cfg.needs_gather, self.want_gsl)
+        if cfg.needs_gather:
+            self._gather_and_dots(b, n, blocks)
+            self._sample_gradients(b, row0, n, f, blocks)
+        if cfg.compute_grad_value:
+            self._scatter(b, n, f, blocks)
+
+    # ------------------------------------------------------------------ gathers
+    def _gather_block(self, b: int, n: int, blk: int) -> None:
+        """gathered[0:n, col, :] = value rows of the block's 4*N_p columns (or x-pairs)."""
+        cfg, p, t = self.cfg, self.p, self.t
+        cols = cfg.columns_per_block
+        c_h = p.head_dim
+        base = b * cfg.rows_per_batch * c_h
+        gathered = t["gathered"]
+        if cfg.gather_method == "transpose":
+            gidx = t["gidx"]
+            mg = cfg.gather_columns
+            for g0 in range(0, cols, mg):
+                col0 = blk * cols + g0
+                for c0, c in cfg.channel_chunks:
+                    tr = t["transposed"][0:c, 0:mg * PARTITIONS]
+                    src = self.value2d.ap([[c_h, mg * PARTITIONS], [1, c]], offset=base + c0,
+                                          vector_offset=gidx[0:PARTITIONS, col0:col0 + mg])
+                    nisa.dma_transpose(dst=tr, src=src)
+                    for k0 in range(0, mg, cfg.psum_columns):
+                        k1 = min(mg, k0 + cfg.psum_columns)
+                        for k in range(k0, k1):
+                            nisa.nc_transpose(dst=self.psum[0:PARTITIONS, k - k0, 0:c],
+                                              data=tr[:, k * PARTITIONS:(k + 1) * PARTITIONS])
+                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, c0:c0 + c],
+                                         src=self.psum[0:n, 0:k1 - k0, 0:c])
+            return
+        step = float(p.num_heads if p.value_layout == "BLNC" else 1)
+        if cfg.gather_pairs:
+            idx = t["gidx"]
+            for pc in range(cols // 2):  # pair column = (point, a)
+                col = blk * (cols // 2) + pc
+                for j0 in range(0, n, cfg.gather_partitions):
+                    j1 = min(n, j0 + cfg.gather_partitions)
+                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, c_h]], offset=base,
+                                          vector_offset=idx[j0:j1, col:col + 1])
+                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, :], src=src)
+            return
+        idx = t["gidx"]
+        for tc in range(cols):
+            col = blk * cols + tc
+            for j0 in range(0, n, cfg.gather_partitions):
+                j1 = min(n, j0 + cfg.gather_partitions)
+                src = self.value2d.ap([[c_h, j1 - j0], [1, c_h]], offset=base, vector_offset=idx[j0:j1, col:col + 1])
+                nisa.dma_copy(dst=gathered[j0:j1, tc, :], src=src)
+
+    def _gather_and_dots(self, b: int, n: int, blocks: int) -> None:
+        """dc[j, sample, corner] = <grad_output row, value row of the corner> in fp32."""
+        cfg, p, t = self.cfg, self.p, self.t
+        f = blocks * p.num_points
+        cols = cfg.columns_per_block
+        if cfg.gather_pairs:
+            nisa.tensor_copy(dst=t["gidx"][0:n, 0:2 * f], src=t["pair_rows"][0:n, 0:f, :])
+            dots = t["prod4"]
+        else:
+            nisa.tensor_copy(dst=t["gidx"][0:n, 0:4 * f], src=t["rows"][0:n, 0:f, :])
+            dots = t["dc"]
+        for blk in range(blocks):
+            self._gather_block(b, n, blk)
+            work = t["work"][0:n, :, :]
+            g = t["grad"][0:n, blk:blk + 1, :].broadcast(1, cols)
+            nisa.tensor_tensor(dst=work, data1=t["gathered"][0:n, :, :], data2=g, op=nl.multiply)
+            dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
+            nisa.tensor_reduce(dst=dst, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
+        if cfg.gather_pairs:  # dc_ab = D_a0 + sel_b * (D_a1 - D_a0)
+            d = t["prod4"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            diff = t["xterm"][0:n, :, 0:f].permute((0, 2, 1))  # (n, f, a) scratch
+            nisa.tensor_tensor(dst=diff, data1=d[:, :, :, 1], data2=d[:, :, :, 0], op=nl.subtract)
+            dc = t["dc"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            sel = t["pair_sel"][0:n, 0:f, :]
+            nisa.tensor_tensor(dst=dc, data1=diff.expand_dim(3).broadcast(3, 2),
+                               data2=sel.expand_dim(2).broadcast(2, 2), op=nl.multiply)
+            nisa.tensor_tensor(dst=dc, data1=dc, data2=d[:, :, :, 0:1].broadcast(3, 2), op=nl.add)
+
+    def _sample_gradients(self, b: int, row0: int, n: int, f: int, blocks: int) -> None:
+        cfg, p, t = self.cfg, self.p, self.t
+        rpb = cfg.partitions_per_block
+        dc = t["dc"][0:n, 0:f, :]
+        prod = t["prod4"][0:n, 0:f, :]
+        if self.want_gaw:
+            gaw = t["gaw"][0:n, 0:f]
+            nisa.tensor_tensor(dst=prod, data1=t["weights"][0:n, 0:f, :], data2=dc, op=nl.multiply)
+            nisa.tensor_reduce(dst=gaw, op=nl.add, data=prod, axis=2)
+            out2d = self.gaw_out.reshape((p.batch * p.num_queries * cfg.groups, p.num_points))
+            src = gaw
+            if str(self.vdt) != str(nl.float32):
+                src = t["gaw_out"][0:n, 0:f]
+                nisa.tensor_copy(dst=src, src=gaw)
+            nisa.dma_copy(dst=_rows_ap(out2d, row0, n, blocks, rpb), src=src)
+        if self.want_gsl:
+            gsl = t["gsl"][0:n, 0:f, :]
+            tmp = t["xy_tmp"][0:n, :, 0:f]
+            for axis, name in ((0, "dwx"), (1, "dwy")):
+                nisa.tensor_tensor(dst=prod, data1=t[name][0:n, 0:f, :], data2=dc, op=nl.multiply)
+                nisa.tensor_reduce(dst=tmp[:, axis, :], op=nl.add, data=prod, axis=2)
+                nisa.tensor_tensor(dst=gsl[:, :, axis], data1=tmp[:, axis, :],
+                                   data2=t["scale_a"][0:n, axis, 0:f], op=nl.multiply)
+            rows = p.batch * p.num_queries * cfg.groups
+            if p.sampling_locations_layout == "BQHLP2":
+                out2d = self.gsl_out.reshape((rows, p.num_points * 2))
+                nisa.dma_copy(dst=_rows_ap(out2d, row0, n, blocks, rpb), src=gsl)
+            else:
+                out2d = self.gsl_out.reshape((rows * 2, p.num_points))
+                plane = p.num_queries * cfg.groups
+                q_row = row0 - b * plane
+                for c in range(2):
+                    prow = (b * 2 + c) * plane + q_row
+                    nisa.dma_copy(dst=_rows_ap(out2d, prow, n, blocks, rpb), src=gsl[:, :, c])
+
+    # ------------------------------------------------------------------ scatter
+    def _scatter(self, b: int, n: int, f: int, blocks: int) -> None:
+        cfg, p, t = self.cfg, self.p, self.t
+        cols = cfg.columns_per_block
+        coef = t["coef"][0:n, 0:f, :]
+        attn = t["attn"][0:n, 0:f]
+        nisa.tensor_tensor(dst=coef, data1=t["weights"][0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
+                           op=nl.multiply)
+        kscale = t["kscale_f"][0:n, 0:1]
+        sidx = t["sidx"]
+        if cfg.scatter_pairs:
+            # slot coefficients of the pair: S1 = sum_b sel_b*coef_ab, S0 = sum_b coef_ab - S1
+            c4 = coef.reshape_dim(2, (2, 2))
+            tmp = t["pair_tmp"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            sel = t["pair_sel"][0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
+            pc = t["pair_coef"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            nisa.tensor_tensor(dst=tmp, data1=c4, data2=sel, op=nl.multiply)
+            nisa.tensor_reduce(dst=pc[:, :, :, 1], op=nl.add, data=tmp, axis=3)
+            nisa.tensor_reduce(dst=pc[:, :, :, 0], op=nl.add, data=c4, axis=3)
+            nisa.tensor_tensor(dst=pc[:, :, :, 0], data1=pc[:, :, :, 0], data2=pc[:, :, :, 1], op=nl.subtract)
+            coef = t["pair_coef"][0:n, 0:f, :]
+            nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t["pair_rows"][0:n, 0:f, :], op0=nl.add,
+                               operand0=kscale)
+        else:
+            nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t["rows"][0:n, 0:f, :], op0=nl.add, operand0=kscale)
+        step = p.num_heads if p.value_layout == "BLNC" else 1
+        for blk in range(blocks):
+            work = t["work"][0:n, :, :]
+            cb = coef[:, blk * p.num_points:(blk + 1) * p.num_points, :]
+            nisa.tensor_tensor(dst=work.reshape_dim(1, (p.num_points, 4)),
+                               data1=cb.expand_dim(3).broadcast(3, p.head_dim),
+                               data2=t["grad"][0:n, blk:blk + 1, :].broadcast(1, p.num_points)
+                               .expand_dim(2).broadcast(2, 4),
+                               op=nl.multiply)
+            if cfg.scatter_pairs:
+                for pcol in range(cols // 2):
+                    col = blk * (cols // 2) + pcol
+                    for j0 in range(0, n, cfg.scatter_partitions):
+                        j1 = min(n, j0 + cfg.scatter_partitions)
+                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t["work"][j0:j1, 2 * pcol:2 * pcol + 2, :],
+                                          j1 - j0, step)
+            else:
+                for tc in range(cols):
+                    col = blk * cols + tc
+                    for j0 in range(0, n, cfg.scatter_partitions):
+                        j1 = min(n, j0 + cfg.scatter_partitions)
+                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t["work"][j0:j1, tc, :], j1 - j0, 0)
+
+    def _scatter_one(self, b, index_col, data, parts, pair_step) -> None:
+        buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
+        self.dma_count += 1
+        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step)

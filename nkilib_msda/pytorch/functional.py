@@ -1,0 +1,82 @@
+"""``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from nkilib_msda.backends import get_backend
+from nkilib_msda.pytorch import ops
+from nkilib_msda.pytorch.dispatch import NEURON_DEVICE_TYPES, select_backend
+from nkilib_msda.validation import MSDAProblem, validate_msda_args
+
+__all__ = ["multi_scale_deformable_attention", "validate_torch_args"]
+
+# Import the always-present backend now, so the first call under torch.compile(fullgraph=True)
+# does not have to import it while tracing.
+get_backend("reference")
+
+
+def validate_torch_args(value: Any, spatial_shapes: Any, level_start_index: Any,
+                        sampling_locations: Any, attention_weights: Any, value_layout: str,
+                        sampling_locations_layout: str, align_corners: bool, padding_mode: str
+                        ) -> MSDAProblem:
+    """Shared validation plus the torch-only checks (tensor types, one device for all inputs)."""
+    for name, x in (("value", value), ("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, value_layout, sampling_locations_layout,
+                                 align_corners, padding_mode)
+    for name, x in (("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if x.device != value.device:
+            raise ValueError(f"{name}: expected a tensor on value's device {value.device}, "
+                             f"got one on {x.device}")
+    return problem
+
+
+def multi_scale_deformable_attention(
+    value: Tensor,
+    spatial_shapes: Sequence[Sequence[int]] | Tensor,
+    level_start_index: Sequence[int] | Tensor | None,
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+    *,
+    value_layout: str = "BLNC",
+    sampling_locations_layout: str = "BQHLP2",
+    align_corners: bool = False,
+    padding_mode: str = "zeros",
+    backend: str | None = None,
+) -> Tensor:
+    """Multi-scale deformable attention; returns (B, N_q, N_h*C_h) in value's dtype.
+
+    Args:
+        value: (B, L, N_h, C_h) for ``value_layout="BLNC"`` or (B, N_h, L, C_h) for "BNLC",
+            L = sum(H_l * W_l).
+        spatial_shapes: (H_l, W_l) per level: pairs or an int tensor (N_l, 2).
+        level_start_index: cumulative H*W per level (tuple/list/tensor) or None to derive it.
+        sampling_locations: normalized (x, y) in [0, 1]; (B, N_q, N_h, N_l, N_p, 2) for
+            "BQHLP2" or (B, 2, N_q, N_h, N_l, N_p) for "B2QHLP".
+        attention_weights: (B, N_q, N_h, N_l, N_p).
+        align_corners, padding_mode: as ``grid_sample`` ("zeros", "border", "reflection").
+        backend: None/"auto", "reference", "nki" or "triton" (see :mod:`.dispatch`).
+
+    Differentiable with respect to value, sampling_locations and attention_weights. Invalid
+    arguments raise ``ValueError``/``TypeError`` naming the argument before any kernel runs.
+    """
+    problem = validate_torch_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                  attention_weights, value_layout, sampling_locations_layout,
+                                  align_corners, padding_mode)
+    name = select_backend(backend, problem, value, sampling_locations)
+    if name == "nki" and value.device.type in NEURON_DEVICE_TYPES:
+        from nkilib_msda.pytorch import neuron  # torch-neuronx glue, imported only on Neuron
+
+        return neuron.msda_on_neuron_device(value, problem, sampling_locations, attention_weights)
+    return torch.ops.nkilib_msda.ms_deformable_attention(
+        value, ops.flatten_spatial_shapes(problem.spatial_shapes), list(problem.level_start_index),
+        sampling_locations, attention_weights, problem.value_layout,
+        problem.sampling_locations_layout, problem.align_corners, problem.padding_mode, name)

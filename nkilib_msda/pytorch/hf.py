@@ -1,0 +1,133 @@
+"""One-line patching of HF transformers models: ``patch_transformers_model(model)``.
+
+- Families that carry their own copy of the stateless ``MultiScaleDeformableAttention`` layer
+  (deformable_detr, grounding_dino, mm_grounding_dino, rt_detr, omdet_turbo, lw_detr, rf_detr,
+  pp_doclayout_v2/v3/v4, and any later one with the same forward) are matched **by class
+  name** and forward signature, and each instance is replaced by
+  :class:`~nkilib_msda.pytorch.modules.MultiScaleDeformableAttention`.
+- mask2former and oneformer call a module-level function
+  ``multi_scale_deformable_attention(value, spatial_shapes, loc, attn)``; the function of each
+  such module present in the model is replaced (this affects every model of that family in
+  the process; :func:`unpatch_transformers_functions` restores the originals).
+- rt_detr_v2, d_fine and deimv2 use ``multi_scale_deformable_attention_v2`` (per-level point
+  counts, different location shape): not a drop-in, left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from nkilib_msda.pytorch.dispatch import requested_backend
+from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
+from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention
+
+__all__ = ["patch_transformers_model", "unpatch_transformers_functions", "LAYER_CLASS_NAME",
+           "FUNCTION_NAME"]
+
+LAYER_CLASS_NAME = "MultiScaleDeformableAttention"
+FUNCTION_NAME = "multi_scale_deformable_attention"
+_LAYER_FORWARD_PARAMS = ("value", "value_spatial_shapes", "value_spatial_shapes_list",
+                         "level_start_index", "sampling_locations", "attention_weights",
+                         "im2col_step")
+_FUNCTION_PARAMS = ("value", "value_spatial_shapes", "sampling_locations", "attention_weights")
+_PATCHED_MARK = "__nkilib_msda_original__"
+
+
+def _forward_params(cls: type) -> tuple[str, ...]:
+    params = inspect.signature(cls.forward).parameters
+    return tuple(p for p in params if p != "self")
+
+
+def _is_hf_layer(module: nn.Module) -> bool:
+    cls = type(module)
+    return (cls.__name__ == LAYER_CLASS_NAME and not isinstance(module, MultiScaleDeformableAttention)
+            and _forward_params(cls) == _LAYER_FORWARD_PARAMS)
+
+
+def _make_function(backend: str | None, original: Callable[..., Any]) -> Callable[..., Tensor]:
+    def multi_scale_deformable_attention_patched(value: Tensor, value_spatial_shapes: Any,
+                                                 sampling_locations: Tensor,
+                                                 attention_weights: Tensor) -> Tensor:
+        """Mask2Former/OneFormer's function, computed by nkilib_msda."""
+        return multi_scale_deformable_attention(value, value_spatial_shapes, None,
+                                                sampling_locations, attention_weights,
+                                                backend=backend)
+
+    setattr(multi_scale_deformable_attention_patched, _PATCHED_MARK, original)
+    return multi_scale_deformable_attention_patched
+
+
+def _function_module(module: nn.Module) -> Any | None:
+    """The Python module defining ``type(module)`` if it holds a patchable MSDA function."""
+    py_module = sys.modules.get(type(module).__module__)
+    func = getattr(py_module, FUNCTION_NAME, None)
+    if py_module is None or not callable(func) or not py_module.__name__.startswith("transformers."):
+        return None
+    original = getattr(func, _PATCHED_MARK, func)
+    try:
+        params = tuple(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return None
+    return py_module if params == _FUNCTION_PARAMS else None
+
+
+def _uses_function(module: nn.Module) -> bool:
+    """A deformable-attention block of a module with the function (mask2former, oneformer)."""
+    return ("DeformableAttention" in type(module).__name__
+            and hasattr(module, "sampling_offsets") and _function_module(module) is not None)
+
+
+def patch_transformers_model(model: nn.Module, backend: str | None = None) -> int:
+    """Make every multi-scale deformable attention in an HF model run on nkilib_msda.
+
+    Replaces each stateless ``MultiScaleDeformableAttention`` layer (matched by class name and
+    forward signature) with nkilib_msda's, and, for mask2former/oneformer, the module-level
+    ``multi_scale_deformable_attention`` function. ``backend`` as for
+    :func:`nkilib_msda.multi_scale_deformable_attention` (None: automatic). Returns how many
+    attention sites now use nkilib_msda (0 means the model has none).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if backend is not None:
+        requested_backend(backend, torch.device("cpu"))  # validates the name before any change
+    count = 0
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if _is_hf_layer(child):
+                layer = MultiScaleDeformableAttention()
+                layer.nkilib_msda_backend = backend
+                setattr(parent, child_name, layer)
+                count += 1
+            elif isinstance(child, MultiScaleDeformableAttention):
+                child.nkilib_msda_backend = backend
+                count += 1
+    patched_modules = {}
+    for module in model.modules():
+        if _uses_function(module):
+            py_module = _function_module(module)
+            patched_modules[py_module.__name__] = py_module
+            count += 1
+    for py_module in patched_modules.values():
+        current = getattr(py_module, FUNCTION_NAME)
+        original = getattr(current, _PATCHED_MARK, current)
+        setattr(py_module, FUNCTION_NAME, _make_function(backend, original))
+    return count
+
+
+def unpatch_transformers_functions() -> int:
+    """Restore every module-level function replaced by :func:`patch_transformers_model`."""
+    restored = 0
+    for name, py_module in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or py_module is None:
+            continue
+        current = getattr(py_module, FUNCTION_NAME, None)
+        original = getattr(current, _PATCHED_MARK, None)
+        if original is not None:
+            setattr(py_module, FUNCTION_NAME, original)
+            restored += 1
+    return restored

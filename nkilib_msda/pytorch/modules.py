@@ -1,0 +1,179 @@
+"""Drop-in replacements: Deformable-DETR's ``MSDeformAttnFunction`` / ``MSDeformAttn`` and HF
+transformers' stateless ``MultiScaleDeformableAttention`` layer (torch-integration.md §3-4)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
+from nkilib_msda.validation import normalize_spatial_shapes
+
+__all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
+
+
+def _shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
+    """(H, W) pairs as Python ints: one host sync for a tensor, done at the model edge."""
+    return normalize_spatial_shapes(spatial_shapes)
+
+
+class MSDeformAttnFunction:
+    """Deformable-DETR's ``MSDeformAttnFunction``: use ``MSDeformAttnFunction.apply(...)``.
+
+    ``apply(value (N, S, M, D), input_spatial_shapes (L, 2), input_level_start_index (L,),
+    sampling_locations (N, Lq, M, L, P, 2), attention_weights (N, Lq, M, L, P), im2col_step)``
+    returns (N, Lq, M*D) and is differentiable. Any batch size works; ``im2col_step`` is
+    accepted and ignored (the CUDA original required ``N % im2col_step == 0``).
+    """
+
+    backend: str | None = None  # per-process override; None = automatic selection
+
+    @classmethod
+    def apply(cls, value: Tensor, value_spatial_shapes: Any, value_level_start_index: Any,
+              sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int) -> Tensor:
+        if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
+            raise ValueError(f"im2col_step: expected a positive int, got {im2col_step!r}")
+        return multi_scale_deformable_attention(
+            value, value_spatial_shapes, value_level_start_index, sampling_locations,
+            attention_weights, backend=cls.backend)
+
+
+def _is_power_of_2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+class MSDeformAttn(nn.Module):
+    """Deformable-DETR's multi-scale deformable attention module, same parameters and init.
+
+    ``forward(query (N, Len_q, C), reference_points (N, Len_q, n_levels, 2 or 4),
+    input_flatten (N, Len_in, C), input_spatial_shapes (n_levels, 2),
+    input_level_start_index (n_levels,), input_padding_mask (N, Len_in) or None)``
+    returns (N, Len_q, C). 2-d reference points are normalized (x, y) centres; 4-d ones are
+    (x, y, w, h) boxes whose half-size scales the offsets. ``backend`` picks the compute backend.
+    """
+
+    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
+                 *, backend: str | None = None):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
+        head_dim = d_model // n_heads
+        if not _is_power_of_2(head_dim):
+            warnings.warn("MSDeformAttn: d_model / n_heads is not a power of 2, which is less "
+                          "efficient for the CUDA original (harmless here)", stacklevel=2)
+        self.im2col_step = 64
+        self.d_model = d_model
+        self.n_levels = n_levels
+        self.n_heads = n_heads
+        self.n_points = n_points
+        self.backend = backend
+        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
+        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.output_proj = nn.Linear(d_model, d_model)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """Deformable-DETR's init: offsets start on a polar grid, one ring per point."""
+        nn.init.constant_(self.sampling_offsets.weight, 0.0)
+        angles = torch.arange(self.n_heads, dtype=torch.float32) * (2.0 * math.pi / self.n_heads)
+        directions = torch.stack([angles.cos(), angles.sin()], dim=-1)
+        directions = directions / directions.abs().max(dim=-1, keepdim=True).values
+        rings = torch.arange(1, self.n_points + 1, dtype=torch.float32)
+        grid = directions[:, None, None, :] * rings[None, None, :, None]
+        grid = grid.expand(self.n_heads, self.n_levels, self.n_points, 2)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.reshape(-1))
+        nn.init.constant_(self.attention_weights.weight, 0.0)
+        nn.init.constant_(self.attention_weights.bias, 0.0)
+        nn.init.xavier_uniform_(self.value_proj.weight)
+        nn.init.constant_(self.value_proj.bias, 0.0)
+        nn.init.xavier_uniform_(self.output_proj.weight)
+        nn.init.constant_(self.output_proj.bias, 0.0)
+
+    def forward(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
+                input_spatial_shapes: Tensor | Sequence[Sequence[int]],
+                input_level_start_index: Tensor | Sequence[int] | None,
+                input_padding_mask: Tensor | None = None) -> Tensor:
+        shapes = _shapes_tuple(input_spatial_shapes)
+        self._check_inputs(query, reference_points, input_flatten, shapes, input_padding_mask)
+        batch, num_queries, _ = query.shape
+        length_in = input_flatten.shape[1]
+        value = self.value_proj(input_flatten)
+        if input_padding_mask is not None:
+            value = value.masked_fill(input_padding_mask[..., None], 0.0)
+        value = value.view(batch, length_in, self.n_heads, self.d_model // self.n_heads)
+        offsets = self.sampling_offsets(query).view(
+            batch, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
+        weights = self.attention_weights(query).view(
+            batch, num_queries, self.n_heads, self.n_levels * self.n_points)
+        weights = F.softmax(weights, dim=-1).view(
+            batch, num_queries, self.n_heads, self.n_levels, self.n_points)
+        if reference_points.shape[-1] == 2:
+            # offsets are in pixels of each level: divide by (W, H)
+            normalizer = torch.tensor([[w, h] for h, w in shapes], dtype=offsets.dtype,
+                                      device=offsets.device)
+            locations = (reference_points[:, :, None, :, None, :]
+                         + offsets / normalizer[None, None, None, :, None, :])
+        else:
+            # offsets are in units of the box half-size, shared over n_points rings
+            locations = (reference_points[:, :, None, :, None, :2]
+                         + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
+        output = multi_scale_deformable_attention(
+            value, shapes, input_level_start_index, locations, weights, backend=self.backend)
+        return self.output_proj(output)
+
+    def _check_inputs(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
+                      shapes: tuple[tuple[int, int], ...], input_padding_mask: Tensor | None) -> None:
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(f"query: expected (N, Len_q, d_model={self.d_model}), got shape "
+                             f"{tuple(query.shape)}")
+        batch, num_queries, _ = query.shape
+        if input_flatten.dim() != 3 or input_flatten.shape[0] != batch or input_flatten.shape[-1] != self.d_model:
+            raise ValueError(f"input_flatten: expected (N={batch}, Len_in, d_model={self.d_model}), "
+                             f"got shape {tuple(input_flatten.shape)}")
+        if len(shapes) != self.n_levels:
+            raise ValueError(f"input_spatial_shapes: expected n_levels={self.n_levels} (H, W) pairs, "
+                             f"got {len(shapes)}")
+        total = sum(h * w for h, w in shapes)
+        if total != input_flatten.shape[1]:
+            raise ValueError(f"input_flatten: expected Len_in = sum(H*W) = {total} from "
+                             f"input_spatial_shapes, got shape {tuple(input_flatten.shape)}")
+        want = (batch, num_queries, self.n_levels)
+        if (reference_points.dim() != 4 or tuple(reference_points.shape[:3]) != want
+                or reference_points.shape[-1] not in (2, 4)):
+            raise ValueError(f"reference_points: expected (N, Len_q, n_levels, 2 or 4) = "
+                             f"{want + ('2|4',)}, got shape {tuple(reference_points.shape)}")
+        if input_padding_mask is not None:
+            if input_padding_mask.dtype != torch.bool:
+                raise TypeError(f"input_padding_mask: expected a bool tensor, got dtype "
+                                f"{input_padding_mask.dtype}")
+            if tuple(input_padding_mask.shape) != tuple(input_flatten.shape[:2]):
+                raise ValueError(f"input_padding_mask: expected shape (N, Len_in) = "
+                                 f"{tuple(input_flatten.shape[:2])}, got {tuple(input_padding_mask.shape)}")
+
+
+class MultiScaleDeformableAttention(nn.Module):
+    """HF transformers' stateless MSDA layer (``...modeling_deformable_detr``), same forward.
+
+    ``forward(value (B, L, N_h, C_h), value_spatial_shapes (N_l, 2) tensor,
+    value_spatial_shapes_list [(H, W), ...] Python ints, level_start_index (N_l,),
+    sampling_locations (B, N_q, N_h, N_l, N_p, 2), attention_weights (B, N_q, N_h, N_l, N_p),
+    im2col_step)`` -> (B, N_q, N_h*C_h). Like HF's layer it has no ``__init__`` and no members
+    (the rules of the ``kernels`` hub layers); :func:`~nkilib_msda.pytorch.hf.patch_transformers_model`
+    may pin a backend per instance through the ``nkilib_msda_backend`` attribute.
+    """
+
+    def forward(self, value: Tensor, value_spatial_shapes: Tensor,
+                value_spatial_shapes_list: list[tuple], level_start_index: Tensor,
+                sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int) -> Tensor:
+        shapes = value_spatial_shapes_list if value_spatial_shapes_list is not None else value_spatial_shapes
+        # level_start_index is derived from the Python shapes: no host sync on the device tensor.
+        return multi_scale_deformable_attention(
+            value, shapes, None, sampling_locations, attention_weights,
+            backend=getattr(self, "nkilib_msda_backend", None))

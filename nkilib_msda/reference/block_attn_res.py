@@ -1,0 +1,106 @@
+"""NumPy float64 reference for Block Attention Residuals (block-attn-res.md section 3).
+
+Layouts: ``blocks`` is a sequence of N arrays [B, T, D]; with ``partial_block`` [B, T, D] the
+sources are the N blocks followed by the partial sum (L = N + 1), otherwise L = N. ``proj_weight``
+and ``rmsnorm_gamma`` are [D]. Inputs may be any float dtype (NumPy, ml_dtypes or torch); they are
+upcast to float64 and every result is float64 (the oracle keeps full precision; callers compare
+their own rounded outputs against it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["block_attn_res_ref", "block_attn_res_backward_ref", "stack_sources"]
+
+
+def _f64(x: Any) -> np.ndarray:
+    """Any array-like (NumPy, ml_dtypes, torch tensor) as a float64 NumPy array."""
+    if hasattr(x, "detach"):  # torch tensor: avoid importing torch here
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x).astype(np.float64)
+
+
+def stack_sources(blocks: Sequence[Any], partial_block: Any = None) -> np.ndarray:
+    """Stack the sources token-major: [B, T, L, D] float64."""
+    if len(blocks) == 0:
+        raise ValueError("blocks: expected at least one block, got an empty sequence")
+    sources = [_f64(b) for b in blocks]
+    if partial_block is not None:
+        sources.append(_f64(partial_block))
+    return np.stack(sources, axis=2)
+
+
+def _scores(v: np.ndarray, w: np.ndarray, gamma: np.ndarray | None, scale: float, eps: float,
+            enable_rmsnorm: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """Return (z [B,T,L], r [B,T,L] or None, x_hat [B,T,L,D] or None, u [D])."""
+    if enable_rmsnorm:
+        if gamma is None:
+            raise ValueError("rmsnorm_gamma: required when enable_rmsnorm=True, got None")
+        r = np.sqrt(np.mean(v * v, axis=-1) + eps)
+        x_hat = v / r[..., None]
+        u = scale * gamma * w
+        return x_hat @ u, r, x_hat, u
+    u = scale * w
+    return v @ u, None, None, u
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def block_attn_res_ref(blocks: Sequence[Any], proj_weight: Any, partial_block: Any = None,
+                       scale: float = 1.0, rmsnorm_eps: float = 1e-6, rmsnorm_gamma: Any = None,
+                       enable_rmsnorm: bool = True
+                       ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Forward: ``h`` [B, T, D], ``rms`` [B, T, L, 1] (None without RMSNorm), ``alpha`` [B, T, L].
+
+    ``rms`` is the denominator r = sqrt(mean(v^2) + eps), not its reciprocal.
+    """
+    v = stack_sources(blocks, partial_block)
+    w = _f64(proj_weight)
+    gamma = None if rmsnorm_gamma is None else _f64(rmsnorm_gamma)
+    z, r, _, _ = _scores(v, w, gamma, float(scale), float(rmsnorm_eps), enable_rmsnorm)
+    alpha = _softmax(z)
+    h = np.einsum("btl,btld->btd", alpha, v)
+    return h, (None if r is None else r[..., None]), alpha
+
+
+def block_attn_res_backward_ref(grad_h: Any, blocks: Sequence[Any], proj_weight: Any,
+                                partial_block: Any = None, rmsnorm_gamma: Any = None,
+                                scale: float = 1.0, rmsnorm_eps: float = 1e-6,
+                                enable_rmsnorm: bool = True
+                                ) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray,
+                                           np.ndarray | None]:
+    """Backward by the closed forms, recomputed from the inputs (no caches).
+
+    Returns (grad_blocks: N arrays [B, T, D], grad_partial_block [B, T, D] or None,
+    grad_proj_weight [D], grad_rmsnorm_gamma [D] or None (None without RMSNorm)).
+    """
+    v = stack_sources(blocks, partial_block)
+    dh = _f64(grad_h)
+    w = _f64(proj_weight)
+    gamma = None if rmsnorm_gamma is None else _f64(rmsnorm_gamma)
+    s = float(scale)
+    z, r, x_hat, u = _scores(v, w, gamma, s, float(rmsnorm_eps), enable_rmsnorm)
+    alpha = _softmax(z)
+    d_alpha = np.einsum("btd,btld->btl", dh, v)
+    g = alpha * (d_alpha - np.sum(alpha * d_alpha, axis=-1, keepdims=True))  # dLoss/dz
+    dv = alpha[..., None] * dh[:, :, None, :]
+    grad_gamma = None
+    if enable_rmsnorm:
+        dim = v.shape[-1]
+        dv += (g / r)[..., None] * (u - x_hat * z[..., None] / dim)
+        beta = np.einsum("btl,btld->d", g, x_hat)
+        grad_w = s * gamma * beta
+        grad_gamma = s * w * beta
+    else:
+        dv += g[..., None] * u
+        grad_w = s * np.einsum("btl,btld->d", g, v)
+    n_blocks = len(blocks)
+    grad_blocks = [dv[:, :, i, :] for i in range(n_blocks)]
+    grad_partial = dv[:, :, n_blocks, :] if partial_block is not None else None
+    return grad_blocks, grad_partial, grad_w, grad_gamma

@@ -1,0 +1,210 @@
+"""Reading and writing tensor views, and the operand checks shared by all instructions.
+
+Every read checks the storage's "written" mask: reading an element that was never written
+is undefined behaviour on hardware (uninitialised memory) and raises NkiError here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from nkilib_msda.simulator.dtypes import cast_values
+from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, IndirectAccess,
+                                          NkiTensor, Storage)
+
+__all__ = ["read", "read_f32", "write", "read_raw", "write_raw", "partition_info",
+           "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
+           "require_tensor", "mark_initialised", "check_initialised", "assign", "may_overlap",
+           "buffer_kind"]
+
+_MASK_VIEW = {1: (np.uint8, 0x01), 2: (np.uint16, 0x0101), 4: (np.uint32, 0x01010101),
+              8: (np.uint64, 0x0101010101010101)}
+
+
+def require_tensor(t: Any, instruction: str, operand: str = "operand") -> NkiTensor:
+    """Static NkiTensor operands only (compute engines cannot use indirect/dynamic views)."""
+    if isinstance(t, NkiTensor):
+        return t
+    if isinstance(t, (IndirectAccess, DynamicAccess)):
+        raise nki_error(instruction, "dynamic access",
+                        f"{operand} is a dynamic/indirect access ({t!r}); only DMA instructions "
+                        "accept vector_offset/scalar_offset/dynamic select views")
+    raise nki_error(instruction, "operand type",
+                    f"{operand} must be an NKI tensor, got {type(t).__name__}")
+
+
+def check_initialised(storage: Storage, addr: Any, itemsize: int, instruction: str,
+                      what: str = "") -> None:
+    """Raise if any element at ``addr`` (int array or slice, elements of ``itemsize``) was
+    never written."""
+    view_dtype, full = _MASK_VIEW[itemsize]
+    flags = storage.init.view(view_dtype)[addr]
+    # Each mask byte is 0 or 1, so the minimum equals ``full`` iff every byte is set.
+    if flags.size and flags.min() != full:
+        bad = int(np.count_nonzero(flags != full))
+        raise nki_error(instruction, "uninitialized read",
+                        f"{bad} of {flags.size} elements read from {what or storage.name or 'a tensor'}"
+                        f" ({storage.buffer}) were never written (allocations are uninitialised)")
+
+
+def mark_initialised(storage: Storage, addr: Any, itemsize: int) -> None:
+    view_dtype, full = _MASK_VIEW[itemsize]
+    storage.init.view(view_dtype)[addr] = full
+    storage.written = True
+
+
+def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
+             what: str = "") -> np.ndarray:
+    """Values (a new array) at element addresses ``addr`` (int array or slice) of
+    ``storage`` seen as ``dtype``; raises on uninitialised elements."""
+    check_initialised(storage, addr, dtype.itemsize, instruction, what)
+    values = storage.data.view(dtype.np)[addr]
+    return values.copy() if isinstance(addr, slice) else values
+
+
+def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any) -> None:
+    """Store ``values`` (already cast) at ``addr``; marks them initialised."""
+    storage.data.view(dtype.np)[addr] = values
+    mark_initialised(storage, addr, dtype.itemsize)
+
+
+def read(t: Any, instruction: str) -> np.ndarray:
+    """Values of a static view, shape ``t.shape``, dtype ``t.dtype.np``."""
+    t = require_tensor(t, instruction)
+    return read_raw(t.storage, t.flat_index(), t.dtype, instruction, t.name).reshape(t.shape)
+
+
+def read_f32(t: Any, instruction: str) -> np.ndarray:
+    """Values of a static view converted to float32 (the engines' compute type)."""
+    values = read(t, instruction)
+    return values.astype(np.float32)
+
+
+def write(t: Any, values: Any, instruction: str) -> None:
+    """Cast ``values`` (exactly ``t.size`` elements, row-major) to ``t.dtype`` and store."""
+    t = require_tensor(t, instruction, "dst")
+    values = np.asarray(values)
+    if values.size != t.size:
+        raise nki_error(instruction, "element count",
+                        f"writing {values.size} values into {t.name or 'dst'} of shape {t.shape}")
+    cast = cast_values(values, t.dtype).reshape(-1)
+    if not isinstance(t.flat_index(), slice) and may_overlap(t.shape, t.strides):
+        addr = t.addresses().reshape(-1)
+        if np.unique(addr).size != addr.size:
+            raise nki_error(instruction, "overlapping destination",
+                            "the destination view writes some elements more than once "
+                            "(stride-0 / broadcast or overlapping pattern)")
+    write_raw(t.storage, t.flat_index(), cast, t.dtype)
+
+
+def may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """False when the strided view provably addresses every element once."""
+    dims = sorted((abs(s), n) for s, n in zip(strides, shape) if n > 1)
+    extent = 1  # elements spanned by the inner dims
+    for s, n in dims:
+        if s < extent:
+            return True
+        extent = s * (n - 1) + extent
+    return False
+
+
+def partition_info(t: Any) -> tuple[int, int, int]:
+    """(start_partition, num_partitions, elements_per_partition) of an on-chip view."""
+    t = require_tensor(t, "partition_info")
+    if not t.is_on_chip:
+        raise nki_error("partition_info", "buffer", f"{t.name} is in {t.buffer}, not on chip")
+    num = t.shape[0] if t.shape else 1
+    per = t.size // num if num else 0
+    return t.start_partition, num, per
+
+
+def check_compute_partitions(instruction: str, *tensors: Any) -> None:
+    """Compute-engine partition rule (nki-subset.md §7a.1-2): <= 128 partitions, and the
+    start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32)."""
+    for t in tensors:
+        if t is None:
+            continue
+        t = require_tensor(t, instruction)
+        if not t.is_on_chip:
+            raise nki_error(instruction, "engine access",
+                            f"{t.name or 'operand'} is in {t.buffer}; compute engines only "
+                            "access SBUF/PSUM")
+        start, num, _ = partition_info(t)
+        if num > MAX_PARTITIONS:
+            raise nki_error(instruction, "partition limit", f"{num} partitions > {MAX_PARTITIONS}")
+        limit = {0: 128, 32: 32, 64: 64, 96: 32}.get(start)
+        if limit is None or num > limit:
+            raise nki_error(instruction, "start partition",
+                            f"Invalid access of {num} partitions starting at partition {start} "
+                            f"({t.name}): allowed starts are 0 (<=128), 32 (<=32), 64 (<=64), "
+                            "96 (<=32)")
+
+
+def check_same_shape_per_partition(instruction: str, *tensors: Any) -> None:
+    """Equal partition counts and equal elements per partition (free shapes may differ)."""
+    infos = []
+    for t in tensors:
+        if t is None:
+            continue
+        t = require_tensor(t, instruction)
+        _, num, per = partition_info(t)
+        infos.append((t, num, per))
+    if not infos:
+        return
+    _, num0, per0 = infos[0]
+    for t, num, per in infos[1:]:
+        if num != num0 or per != per0:
+            raise nki_error(instruction, "operand agreement",
+                            f"operands must have equal partition counts and elements per "
+                            f"partition: {infos[0][0].shape} ({num0} x {per0}) vs {t.shape} "
+                            f"({num} x {per})")
+
+
+def check_buffer(instruction: str, operand_name: str, t: Any, allowed: Iterable[str]) -> None:
+    """Raise unless ``t`` lives in one of ``allowed`` (names: sbuf, psum, private_hbm,
+    shared_hbm; "hbm" stands for both HBM buffers)."""
+    allowed = set(allowed)
+    if "hbm" in allowed:
+        allowed |= {"private_hbm", "shared_hbm"}
+    buf = t.buffer
+    if buf not in allowed:
+        raise nki_error(instruction, "buffer access",
+                        f"{operand_name} is in {buf}; {instruction} accepts {sorted(allowed)}")
+
+
+def buffer_kind(t: Any) -> str:
+    """'hbm', 'sbuf' or 'psum'."""
+    return "hbm" if t.buffer in ("private_hbm", "shared_hbm") else t.buffer
+
+
+def assign(dst: NkiTensor, value: Any, instruction: str) -> None:
+    """``view[...] = tile``: copy with cast. On-chip to on-chip runs as a Vector
+    tensor_copy (compute rules apply); anything touching HBM runs as a direct dma_copy."""
+    from nkilib_msda.simulator.context import current
+
+    ctx = current()
+    if isinstance(value, NkiTensor):
+        if dst.is_on_chip and value.is_on_chip:
+            check_compute_partitions(instruction, dst, value)
+            check_same_shape_per_partition(instruction, dst, value)
+            src_vals = read(value, instruction)
+            if src_vals.dtype != dst.dtype.np or dst.dtype != value.dtype:
+                src_vals = src_vals.astype(np.float32)
+            write(dst, src_vals.reshape(-1), instruction)
+            ctx.report.add_instruction("vector", "tensor_copy", dst.size)
+            return
+        from nkilib_msda.simulator.isa.dma import dma_copy
+
+        dma_copy(dst=dst, src=value)
+        return
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        if dst.dtype.is_int and not float(value).is_integer():
+            raise nki_error(instruction, "value type", f"float {value} assigned to {dst.dtype}")
+        write(dst, np.full(dst.size, value), instruction)
+        ctx.report.add_instruction("vector" if dst.is_on_chip else "dma", "memset", dst.size)
+        return
+    raise nki_error(instruction, "value type",
+                    f"can only assign an NKI tensor or a number, got {type(value).__name__}")

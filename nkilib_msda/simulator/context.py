@@ -1,0 +1,207 @@
+"""The running program's context: target, program id, report, memory budget, shared HBM.
+
+Each logical-core program runs in its own thread (LNC=2 runs two); the context is
+thread-local. Programs never run at the same time: a baton passes between them only at
+``core_barrier`` and at program end, so an LNC=2 run is deterministic (program 0 runs until
+its first barrier, then program 1, ...). This is functionally exact for race-free kernels.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nkilib_msda.simulator.errors import NkiError, nki_error
+from nkilib_msda.simulator.report import CostReport
+from nkilib_msda.simulator.targets import Target
+
+__all__ = ["ExecutionContext", "SimOptions", "SharedState", "MemoryTracker", "ProgramScheduler",
+           "current", "current_or_none", "activate"]
+
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Behaviour switches of one simulation.
+
+    duplicate_scatter: "error" (default) raises on duplicate indices in one scatter or
+    scatter-RMW; "last_writer_wins" emulates the hardware race (one write survives).
+    barrier_timeout_s: how long a program waits at core_barrier before declaring a deadlock.
+    """
+
+    duplicate_scatter: str = "error"
+    barrier_timeout_s: float = 60.0
+
+
+class MemoryTracker:
+    """Live SBUF/PSUM bytes per partition of one program, with the target's limits."""
+
+    def __init__(self, target: Target, report: CostReport) -> None:
+        self.target = target
+        self.report = report
+        self.live = {"sbuf": 0, "psum": 0}
+        self._lock = threading.Lock()
+
+    def limit(self, buffer: str) -> int:
+        if buffer == "sbuf":
+            return self.target.usable_sbuf_bytes_per_partition
+        return self.target.psum_bytes_per_partition
+
+    def allocate(self, owner: object, buffer: str, bytes_per_partition: int,
+                 instruction: str) -> None:
+        """Reserve ``bytes_per_partition`` until ``owner`` is garbage collected."""
+        with self._lock:
+            new_live = self.live[buffer] + bytes_per_partition
+            if new_live > self.limit(buffer):
+                raise nki_error(
+                    instruction, f"{buffer.upper()} capacity",
+                    f"allocating {bytes_per_partition} B/partition would bring live {buffer} to "
+                    f"{new_live} B/partition, over the {self.target.name} budget of "
+                    f"{self.limit(buffer)} B/partition")
+            self.live[buffer] = new_live
+            self.report.note_memory(self.live["sbuf"], self.live["psum"])
+        weakref.finalize(owner, self._release, buffer, bytes_per_partition)
+
+    def _release(self, buffer: str, nbytes: int) -> None:
+        with self._lock:
+            self.live[buffer] -= nbytes
+
+
+class ProgramScheduler:
+    """Runs one program at a time; hands over at core_barrier and at program end."""
+
+    def __init__(self, num_programs: int, timeout_s: float) -> None:
+        self.n = num_programs
+        self.timeout_s = timeout_s
+        self.cv = threading.Condition()
+        self.turn: int | None = 0
+        self.state = ["ready"] * num_programs  # ready | barrier | done
+        self.generation = 0
+        self.aborted = False
+
+    def wait_turn(self, pid: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.turn == pid or self.aborted)
+
+    def _pass_baton(self, pid: int) -> None:
+        for k in range(1, self.n + 1):
+            j = (pid + k) % self.n
+            if self.state[j] == "ready":
+                self.turn = j
+                self.cv.notify_all()
+                return
+        self.turn = None
+        self.cv.notify_all()
+
+    def barrier(self, pid: int, instruction: str) -> None:
+        with self.cv:
+            if self.aborted:
+                raise nki_error(instruction, "barrier", "another program failed")
+            self.state[pid] = "barrier"
+            waiting = [i for i, s in enumerate(self.state) if s == "barrier"]
+            if len(waiting) == self.n:
+                self.generation += 1
+                for i in waiting:
+                    self.state[i] = "ready"
+                self.turn = pid
+                self.cv.notify_all()
+                return
+            if "done" in self.state:
+                self.state[pid] = "ready"
+                raise nki_error(instruction, "barrier deadlock",
+                                f"program {pid} waits at core_barrier but program "
+                                f"{self.state.index('done')} already finished without reaching it")
+            generation = self.generation
+            self._pass_baton(pid)
+            ok = self.cv.wait_for(
+                lambda: self.aborted or "done" in self.state or
+                (self.generation != generation and self.turn == pid), timeout=self.timeout_s)
+            if self.aborted:
+                raise nki_error(instruction, "barrier", "another program failed")
+            if self.generation == generation:
+                self.state[pid] = "ready"
+                self.aborted = True
+                self.cv.notify_all()
+                why = "timed out" if not ok else "a program finished without reaching it"
+                raise nki_error(instruction, "barrier deadlock",
+                                f"program {pid} waits at core_barrier; {why}")
+            self.cv.wait_for(lambda: self.turn == pid or self.aborted)
+
+    def finish(self, pid: int, failed: bool) -> None:
+        with self.cv:
+            self.state[pid] = "done"
+            if failed:
+                self.aborted = True
+            self._pass_baton(pid)
+
+
+@dataclass
+class SharedState:
+    """State shared by the programs of one simulation (LNC=1 or 2)."""
+
+    num_programs: int
+    target: Target
+    options: SimOptions
+    scheduler: ProgramScheduler
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    shared_allocations: list[Any] = field(default_factory=list)
+
+
+class ExecutionContext:
+    """What an instruction needs to know about the program that executes it."""
+
+    def __init__(self, shared: SharedState, program_id: int, program_ndim: int) -> None:
+        self.shared = shared
+        self.target = shared.target
+        self.options = shared.options
+        self.program_id = program_id
+        self.num_programs = shared.num_programs
+        self.program_ndim = program_ndim
+        self.report = CostReport()
+        self.report.target = shared.target.name
+        self.memory = MemoryTracker(shared.target, self.report)
+        self.shared_allocation_count = 0
+
+    def shared_allocation(self, make: Callable[[], Any], check: Callable[[Any], None]) -> Any:
+        """The k-th shared_hbm allocation of every program resolves to one storage."""
+        k = self.shared_allocation_count
+        self.shared_allocation_count += 1
+        with self.shared.lock:
+            allocs = self.shared.shared_allocations
+            if k < len(allocs):
+                check(allocs[k])
+                return allocs[k]
+            storage = make()
+            allocs.append(storage)
+            return storage
+
+
+def current_or_none() -> ExecutionContext | None:
+    return getattr(_local, "ctx", None)
+
+
+def current() -> ExecutionContext:
+    """The context of the kernel running in this thread; NkiError outside a kernel."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise NkiError("nki: no running kernel: NKI instructions and nl allocations can only "
+                       "be used inside a kernel run by nki.jit / simulate(...)")
+    return ctx
+
+
+class activate:
+    """``with activate(ctx):`` makes ``ctx`` the current context of this thread."""
+
+    def __init__(self, ctx: ExecutionContext | None) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> ExecutionContext | None:
+        self.previous = getattr(_local, "ctx", None)
+        _local.ctx = self.ctx
+        return self.ctx
+
+    def __exit__(self, *exc: object) -> None:
+        _local.ctx = self.previous

@@ -1,0 +1,301 @@
+"""``nki.jit``, ``kernel[lnc]`` and ``simulate``: run a kernel eagerly on NumPy data.
+
+Each program (logical core) runs the kernel function in its own thread with its own
+context; with LNC=2 the two programs share the input tensors and every ``shared_hbm``
+allocation (the k-th allocation of each program is one storage). Only one program runs at a
+time; the baton passes at ``core_barrier`` and at program end (see context.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from nkilib_msda.simulator.access import check_initialised
+from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
+                                           SimOptions, activate, current_or_none)
+from nkilib_msda.simulator.dtypes import to_nki_dtype
+from nkilib_msda.simulator.errors import NkiError, nki_error
+from nkilib_msda.simulator.report import CostReport
+from nkilib_msda.simulator.targets import get_target
+from nkilib_msda.simulator.tensor import NkiTensor, Storage
+
+__all__ = ["jit", "JitKernel", "simulate"]
+
+_REMOVED_JIT_OPTIONS = ("mode", "platform_target")
+
+
+class JitKernel:
+    """A ``@nki.jit`` kernel. ``kernel[lnc]`` sets the LNC degree; calling it with NumPy
+    arrays outside a running kernel simulates it; inside a kernel it is a plain call."""
+
+    def __init__(self, func: Callable[..., Any], lnc: int | None = None,
+                 options: dict[str, Any] | None = None) -> None:
+        self.func = func
+        self.lnc = lnc
+        self.options = dict(options or {})
+        functools.update_wrapper(self, func)
+
+    def __getitem__(self, lnc: Any) -> "JitKernel":
+        if isinstance(lnc, tuple) or isinstance(lnc, bool) or not isinstance(lnc, (int, np.integer)) \
+                or int(lnc) not in (1, 2):
+            raise nki_error("nki.jit", "launch grid",
+                            f"kernel[lnc] takes lnc = 1 or 2 (beta-2 has no SPMD grids), got {lnc!r}")
+        return JitKernel(self.func, int(lnc), self.options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_or_none() is not None:
+            return self.func(*args, **kwargs)  # nested jit calls are inlined
+        return simulate(self)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        suffix = f"[{self.lnc}]" if self.lnc else ""
+        return f"nki.jit({getattr(self.func, '__qualname__', self.func)}){suffix}"
+
+
+def jit(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """``@nki.jit`` or ``@nki.jit(**options)``; ``mode=``/``platform_target=`` were removed in
+    0.3 and are rejected (the target comes from NEURON_PLATFORM_TARGET_OVERRIDE)."""
+    for key in _REMOVED_JIT_OPTIONS:
+        if key in kwargs:
+            raise nki_error("nki.jit", "removed option",
+                            f"{key}= was removed in NKI 0.3; set NEURON_PLATFORM_TARGET_OVERRIDE "
+                            "or pass target= to simulate()")
+    if func is None:
+        return lambda f: JitKernel(f, options=kwargs)
+    if isinstance(func, JitKernel):
+        return func
+    return JitKernel(func, options=kwargs)
+
+
+# -- arguments -----------------------------------------------------------------------------
+class _Inputs:
+    """Turns caller arguments into kernel arguments; remembers arrays for write-back."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, tuple[np.ndarray, Storage, NkiTensor]] = {}
+
+    def convert(self, value: Any, where: str) -> Any:
+        if isinstance(value, np.ndarray):
+            return self._array(value, where)
+        if isinstance(value, list):
+            raise nki_error("kernel arguments", "list argument",
+                            f"{where} is a list; lists are rejected since NKI 0.3, pass a tuple")
+        if isinstance(value, tuple):
+            return tuple(self.convert(v, f"{where}[{i}]") for i, v in enumerate(value))
+        if value is None or isinstance(value, (bool, int, float, str, enum.Enum)):
+            return value
+        if isinstance(value, (np.integer, np.floating, np.bool_)):
+            return value.item()
+        if isinstance(value, NkiTensor):
+            raise nki_error("kernel arguments", "argument type",
+                            f"{where} is an NkiTensor from another run; pass NumPy arrays")
+        from nkilib_msda.simulator.language import NKIObject
+
+        if isinstance(value, NKIObject):
+            return value
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if not type(value).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+                raise nki_error("kernel arguments", "argument type",
+                                f"{where} is a non-frozen dataclass; kernels must be pure, use "
+                                "@dataclass(frozen=True) or nl.NKIObject")
+            return value
+        if type(value).__module__.startswith("torch"):
+            raise nki_error("kernel arguments", "argument type",
+                            f"{where} is a torch tensor; simulate() takes NumPy arrays "
+                            "(use .detach().cpu().numpy())")
+        raise nki_error("kernel arguments", "argument type",
+                        f"{where} has unsupported type {type(value).__name__}; kernels take "
+                        "NumPy arrays, int/float/bool/str/None, tuples, Enums, nl.NKIObject "
+                        "and frozen dataclasses")
+
+    def _array(self, arr: np.ndarray, where: str) -> NkiTensor:
+        known = self.by_id.get(id(arr))
+        if known is not None:
+            return known[2]
+        try:
+            dt = to_nki_dtype(arr.dtype)
+        except NkiError as exc:
+            raise nki_error("kernel arguments", "unsupported dtype",
+                            f"{where} has dtype {arr.dtype}, which NKI does not have") from exc
+        if arr.size == 0:
+            raise nki_error("kernel arguments", "empty tensor", f"{where} has shape {arr.shape}")
+        shape = arr.shape if arr.ndim else (1,)
+        storage = Storage("shared_hbm", arr.size * dt.itemsize, name=where)
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        if dt.np != flat.dtype:  # bool -> uint8 0/1
+            flat = flat.astype(dt.np)
+        storage.data.view(dt.np)[: flat.size] = flat
+        storage.init[: storage.nbytes] = 1
+        tensor = NkiTensor(storage, dt, shape, name=where)
+        self.by_id[id(arr)] = (arr, storage, tensor)
+        return tensor
+
+    def write_back(self) -> None:
+        for arr, storage, tensor in self.by_id.values():
+            if not storage.written:
+                continue
+            values = storage.data.view(tensor.dtype.np)[: tensor.size]
+            if arr.dtype != values.dtype:
+                values = values.astype(arr.dtype)
+            if not arr.flags.writeable:
+                raise nki_error("simulate", "write-back",
+                                f"the kernel wrote input {tensor.name} but the array is read-only")
+            arr[...] = values.reshape(arr.shape)
+
+
+def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
+    sig = inspect.signature(func)
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
+            raise nki_error("nki.jit", "kernel signature",
+                            f"parameter {p.name!r} of {func.__qualname__}: NKI kernels may not use "
+                            "*args, **kwargs or keyword-only ('*') parameters")
+    return sig
+
+
+def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, bool]:
+    """(tensors, is_tuple, is_none); every returned tensor must be in shared_hbm."""
+    if result is None:
+        return [], False, True
+    items = list(result) if isinstance(result, tuple) else [result]
+    for i, t in enumerate(items):
+        if not isinstance(t, NkiTensor):
+            raise nki_error("kernel return", "output type",
+                            f"program {program} returned {type(t).__name__} at position {i}; "
+                            "kernels return shared_hbm tensors")
+        if t.buffer != "shared_hbm":
+            raise nki_error("kernel return", "output buffer",
+                            f"output {i} ({t.name or 'unnamed'}) is in {t.buffer}; returned tensors "
+                            "must be allocated in nl.shared_hbm")
+    return items, isinstance(result, tuple), False
+
+
+def _to_numpy(t: NkiTensor, index: int) -> np.ndarray:
+    addr = t.addresses()
+    try:
+        check_initialised(t.storage, addr, t.dtype.itemsize, "kernel return", t.name)
+    except NkiError as exc:
+        raise nki_error("kernel return", "output not written",
+                        f"output {index} ({t.name or 'unnamed'}): {exc}") from None
+    values = t.storage.data.view(t.dtype.np)[addr]
+    if str(t.dtype) == "bool_":
+        values = values.astype(np.bool_)
+    return np.array(values, copy=True)
+
+
+def _same_output(a: NkiTensor, b: NkiTensor) -> bool:
+    return (a.storage is b.storage and a.shape == b.shape and a.strides == b.strides
+            and a.offset == b.offset and a.dtype == b.dtype)
+
+
+class _Runner:
+    def __init__(self, kernel: JitKernel, lnc: int, program_ndim: int, target: Any,
+                 report: bool, options: SimOptions) -> None:
+        self.kernel = kernel
+        self.lnc = lnc
+        self.program_ndim = program_ndim
+        self.target = get_target(target)
+        self.want_report = report
+        self.options = options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_or_none() is not None:
+            raise nki_error("simulate", "nested simulate", "simulate() cannot run inside a kernel")
+        func = self.kernel.func
+        sig = _check_signature(func)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{func.__qualname__}: {exc}") from None
+        inputs = _Inputs()
+        kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
+        shared = SharedState(self.lnc, self.target, self.options,
+                             ProgramScheduler(self.lnc, self.options.barrier_timeout_s))
+        contexts = [ExecutionContext(shared, pid, self.program_ndim) for pid in range(self.lnc)]
+        results: list[Any] = [None] * self.lnc
+        errors: list[BaseException | None] = [None] * self.lnc
+
+        def run_program(pid: int) -> None:
+            ctx = contexts[pid]
+            shared.scheduler.wait_turn(pid)
+            failed = False
+            try:
+                if shared.scheduler.aborted:
+                    return
+                with activate(ctx):
+                    results[pid] = func(**kargs)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                errors[pid] = exc
+                failed = True
+            finally:
+                shared.scheduler.finish(pid, failed)
+
+        if self.lnc == 1:
+            run_program(0)
+        else:
+            threads = [threading.Thread(target=run_program, args=(pid,), daemon=True,
+                                        name=f"nki-program-{pid}") for pid in range(self.lnc)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        first_error = next((e for e in errors if e is not None and not _is_abort(e)), None)
+        first_error = first_error or next((e for e in errors if e is not None), None)
+        if first_error is not None:
+            raise first_error
+        outputs = [_flatten_outputs(r, pid) for pid, r in enumerate(results)]
+        tensors, is_tuple, is_none = outputs[0]
+        for pid, (other, other_tuple, _) in enumerate(outputs[1:], start=1):
+            if len(other) != len(tensors) or other_tuple != is_tuple or not all(
+                    _same_output(a, b) for a, b in zip(tensors, other)):
+                raise nki_error("kernel return", "LNC outputs differ",
+                                f"program {pid} returned a different output set than program 0; "
+                                "all programs must return the same shared_hbm tensors")
+        arrays = [_to_numpy(t, i) for i, t in enumerate(tensors)]
+        inputs.write_back()
+        report = CostReport.merged(ctx.report for ctx in contexts)
+        report.programs = [ctx.report for ctx in contexts]  # type: ignore[attr-defined]
+        if is_none:
+            return (report,) if self.want_report else None
+        if is_tuple:
+            return tuple(arrays) + ((report,) if self.want_report else ())
+        return (arrays[0], report) if self.want_report else arrays[0]
+
+
+def _is_abort(exc: BaseException) -> bool:
+    return isinstance(exc, NkiError) and "another program failed" in str(exc)
+
+
+def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
+             duplicate_scatter: str = "error", barrier_timeout_s: float = 60.0) -> Callable[..., Any]:
+    """``simulate(kernel, lnc=1, target="trn2", report=False)(*args, **kwargs)``.
+
+    - lnc: 1 or 2 logical-core programs (default: the kernel's ``kernel[lnc]``, else 1).
+      Passing ``lnc`` or using ``kernel[lnc]`` makes ``nl.program_ndim() == 1``; a plain
+      kernel launched with the default has no grid (``program_ndim() == 0``).
+    - target: "trn2" (default, or NEURON_PLATFORM_TARGET_OVERRIDE) or "trn3".
+    - report: also return a :class:`CostReport` as the last element.
+    - duplicate_scatter: "error" (default) or "last_writer_wins" (emulate the race).
+    """
+    if not isinstance(kernel, JitKernel):
+        if not callable(kernel):
+            raise TypeError(f"simulate: kernel must be an @nki.jit function, got {kernel!r}")
+        kernel = JitKernel(kernel)
+    if duplicate_scatter not in ("error", "last_writer_wins"):
+        raise ValueError(f"simulate: duplicate_scatter must be 'error' or 'last_writer_wins', "
+                         f"got {duplicate_scatter!r}")
+    if lnc is not None and (isinstance(lnc, bool) or lnc not in (1, 2)):
+        raise ValueError(f"simulate: lnc must be 1 or 2, got {lnc!r}")
+    if lnc is not None and kernel.lnc is not None and lnc != kernel.lnc:
+        raise ValueError(f"simulate: lnc={lnc} contradicts kernel[{kernel.lnc}]")
+    degree = lnc or kernel.lnc or 1
+    ndim = 1 if (lnc is not None or kernel.lnc is not None) else 0
+    options = SimOptions(duplicate_scatter=duplicate_scatter, barrier_timeout_s=barrier_timeout_s)
+    return _Runner(kernel, degree, ndim, target, report, options)

@@ -1,0 +1,300 @@
+"""The emulated ``nki.language`` (``nl``) namespace: buffers, dtypes, allocation, launch
+queries, tile sizes, loop helpers, and (from :mod:`alu`) the op identities and math wrappers."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from nkilib_msda.simulator.access import mark_initialised, write
+from nkilib_msda.simulator.alu import *  # noqa: F401,F403
+from nkilib_msda.simulator.alu import __all__ as _alu_all
+from nkilib_msda.simulator.context import current, current_or_none
+from nkilib_msda.simulator.dtypes import (bfloat16, bool_, cast_values, float8_e4m3,  # noqa: F401
+                                          float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float16,
+                                          float32, int8, int16, int32, tfloat32, to_nki_dtype,
+                                          uint8, uint16, uint32)
+from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.targets import get_target
+from nkilib_msda.simulator.tensor import NkiTensor, Storage
+
+_OWN = [
+    "MemoryRegion", "sbuf", "psum", "hbm", "private_hbm", "shared_hbm",
+    "bfloat16", "bool_", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+    "float16", "float32", "int8", "int16", "int32", "tfloat32", "uint8", "uint16", "uint32",
+    "ndarray", "zeros", "ones", "full", "zeros_like", "empty_like", "shared_constant",
+    "shared_identity_matrix", "program_id", "num_programs", "program_ndim", "tile_size", "ds",
+    "range", "affine_range", "sequential_range", "static_range", "device_print", "no_reorder",
+    "NKIObject", "load", "store", "NkiTensor",
+]
+__all__ = _OWN + [n for n in _alu_all if n not in _OWN]
+
+
+class MemoryRegion:
+    """A buffer kind (``nl.sbuf``, ``nl.psum``, ``nl.private_hbm``/``nl.hbm``, ``nl.shared_hbm``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = MemoryRegion("sbuf")
+psum = MemoryRegion("psum")
+private_hbm = MemoryRegion("private_hbm")
+hbm = private_hbm  # nl.hbm aliases private_hbm
+shared_hbm = MemoryRegion("shared_hbm")
+
+
+def _buffer_name(buffer: Any, what: str) -> str:
+    if isinstance(buffer, MemoryRegion):
+        return buffer.name
+    raise nki_error(what, "buffer", f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.private_hbm or "
+                                    f"nl.shared_hbm (named members, not strings), got {buffer!r}")
+
+
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    if isinstance(shape, list):
+        raise nki_error(what, "shape", "shape must be a tuple (lists are rejected in beta 2)")
+    if not isinstance(shape, tuple) or not shape:
+        raise nki_error(what, "shape", f"shape must be a non-empty tuple of ints, got {shape!r}")
+    out = []
+    for n in shape:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise nki_error(what, "shape", f"dims must be positive ints, got {shape!r}")
+        out.append(int(n))
+    return tuple(out)
+
+
+def _allocate(shape: tuple[int, ...], dtype: Any, buf: str, name: str, address: Any,
+              what: str) -> NkiTensor:
+    ctx = current()
+    dt = to_nki_dtype(dtype)
+    if buf in ("sbuf", "psum"):
+        if len(shape) < 2:
+            raise nki_error(what, "on-chip rank",
+                            f"on-chip tensors are (partitions, free...) and at least 2-D, got {shape}")
+        if shape[0] > ctx.target.num_partitions:
+            raise nki_error(what, "partition limit",
+                            f"dim 0 of an on-chip tensor is the partition dim: {shape[0]} > "
+                            f"{ctx.target.num_partitions}")
+        bpp = math.prod(shape[1:]) * dt.itemsize
+        if buf == "psum" and address is not None:
+            addr = address if isinstance(address, (int, np.integer)) else None
+            if isinstance(address, tuple) and address and isinstance(address[-1], (int, np.integer)):
+                addr = address[-1]
+            if addr is not None and addr % ctx.target.psum_bank_bytes:
+                raise nki_error(what, "PSUM address",
+                                f"PSUM placements must be bank-aligned ({ctx.target.psum_bank_bytes} "
+                                f"B), got address={address}")
+        # address= only places a tensor; aliasing between placed tensors is not modelled.
+        storage = Storage(buf, shape[0] * bpp, partitions=shape[0], bytes_per_partition=bpp,
+                          name=name, program_id=ctx.program_id)
+        ctx.memory.allocate(storage, buf, bpp, what)
+    elif buf == "shared_hbm":
+        nbytes = math.prod(shape) * dt.itemsize
+
+        def make() -> Storage:
+            s = Storage(buf, nbytes, name=name, program_id=ctx.program_id)
+            s.poison(dt)
+            return s
+
+        def check(existing: Storage) -> None:
+            if existing.nbytes != nbytes:
+                raise nki_error(what, "LNC shared_hbm mismatch",
+                                f"program {ctx.program_id} allocation #{ctx.shared_allocation_count}"
+                                f" ({shape}, {dt}) does not match the other program's "
+                                f"({existing.nbytes} B): both programs must allocate shared_hbm "
+                                "tensors in the same order")
+
+        storage = ctx.shared_allocation(make, check)
+        return NkiTensor(storage, dt, shape, name=name)
+    else:
+        storage = Storage(buf, math.prod(shape) * dt.itemsize, name=name,
+                          program_id=ctx.program_id)
+    storage.poison(dt)
+    return NkiTensor(storage, dt, shape, name=name)
+
+
+def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "",
+            address: Any = None) -> NkiTensor:
+    """Allocate an uninitialised tensor (NaN / 4 poisoned; reading it unwritten raises)."""
+    return _allocate(_shape(shape, "ndarray"), dtype, _buffer_name(buffer, "ndarray"),
+                     name, address, "ndarray")
+
+
+def full(shape: Any, fill_value: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    """Allocate and fill (a memset on chip, a DMA write in HBM)."""
+    t = ndarray(shape, dtype, buffer=buffer, name=name)
+    write(t, np.full(t.size, fill_value), "full")
+    current().report.add_instruction("vector" if t.is_on_chip else "dma", "memset", t.size)
+    return t
+
+
+def zeros(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    return full(shape, 0, dtype, buffer=buffer, name=name)
+
+
+def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
+    return full(shape, 1, dtype, buffer=buffer, name=name)
+
+
+_REGIONS = {"sbuf": sbuf, "psum": psum, "private_hbm": private_hbm, "shared_hbm": shared_hbm}
+
+
+def empty_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+
+
+def zeros_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+
+
+def shared_constant(constant: Any, dtype: Any = None, name: str = "") -> NkiTensor:
+    """A shared_hbm tensor holding ``constant`` (a NumPy array)."""
+    arr = np.asarray(constant)
+    dt = to_nki_dtype(dtype if dtype is not None else arr.dtype)
+    t = ndarray(arr.shape if arr.ndim else (1,), dt, buffer=shared_hbm, name=name)
+    values = cast_values(arr.reshape(-1), dt)
+    t.storage.data.view(dt.np)[t.addresses().reshape(-1)] = values
+    mark_initialised(t.storage, t.addresses(), dt.itemsize)
+    return t
+
+
+def shared_identity_matrix(n: int, dtype: Any = uint8, name: str = "") -> NkiTensor:
+    """An (n, n) identity tile in SBUF (for PE transposes)."""
+    t = ndarray((n, n), dtype, buffer=sbuf, name=name or "identity")
+    write(t, np.eye(n, dtype=np.float32).reshape(-1), "shared_identity_matrix")
+    return t
+
+
+# -- launch queries ---------------------------------------------------------------------------
+def program_ndim() -> int:
+    """0 when the kernel was launched without a grid (``kernel(args)``), 1 with ``kernel[lnc]``."""
+    return current().program_ndim
+
+
+def _check_axis(axis: Any, what: str) -> None:
+    ctx = current()
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise nki_error(what, "axis", f"axis must be an int, got {axis!r}")
+    if not 0 <= axis < builtins.max(ctx.program_ndim, 0) or axis != 0:
+        raise nki_error(what, "axis", f"axis {axis} out of range: the launch grid has "
+                                      f"{ctx.program_ndim} dim(s); launch with kernel[lnc] "
+                                      "or guard with nl.program_ndim()")
+
+
+def program_id(axis: int = 0) -> int:
+    """This program's index along ``axis`` (0 .. num_programs-1)."""
+    _check_axis(axis, "program_id")
+    return current().program_id
+
+
+def num_programs(axes: int = 0) -> int:
+    """Number of programs along ``axes`` (the LNC degree)."""
+    _check_axis(axes, "num_programs")
+    return current().num_programs
+
+
+class _TileSize:
+    """``nl.tile_size``: hardware tile limits; the SBUF sizes follow the running target."""
+
+    pmax = 128
+    psum_bank_fmax = 512
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    psum_num_banks = 8
+
+    @staticmethod
+    def _target():
+        ctx = current_or_none()
+        return ctx.target if ctx is not None else get_target()
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        """Usable SBUF bytes per partition (deprecated in 0.4; same as sbuf_fmax_bytes)."""
+        return self._target().usable_sbuf_bytes_per_partition
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return self._target().usable_sbuf_bytes_per_partition
+
+    @property
+    def psum_fmax_bytes(self) -> int:
+        return self._target().psum_bytes_per_partition
+
+    def __repr__(self) -> str:
+        return (f"nl.tile_size(pmax={self.pmax}, psum_bank_fmax={self.psum_bank_fmax}, "
+                f"total_available_sbuf_size={self.total_available_sbuf_size})")
+
+
+tile_size = _TileSize()
+
+
+def ds(start: int, size: int) -> slice:
+    """``nl.ds(start, size)``: the slice ``start:start+size``."""
+    for v, n in ((start, "start"), (size, "size")):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise nki_error("ds", n, f"{n} must be an int, got {type(v).__name__}")
+    if size < 1 or start < 0:
+        raise nki_error("ds", "range", f"ds(start={start}, size={size}): need start >= 0, size >= 1")
+    return slice(int(start), int(start) + int(size), 1)
+
+
+def range(*args: int) -> builtins.range:  # noqa: A001 - NKI name
+    """``nl.range``: a plain Python range (loops unroll at specialization)."""
+    return builtins.range(*args)
+
+
+# affine_range / sequential_range / static_range are deprecated aliases of range in 0.6.
+affine_range = range
+sequential_range = range
+static_range = range
+
+
+def device_print(prefix: str, x: Any) -> None:
+    """Print a tensor's values (or any value) with ``prefix``."""
+    from nkilib_msda.simulator.access import read
+
+    if isinstance(x, NkiTensor):
+        print(prefix, read(x, "device_print"))
+    else:
+        print(prefix, x)
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` — the emulator is already in order; a no-op."""
+
+    def __enter__(self) -> "no_reorder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class NKIObject:
+    """Base class for user objects passed as kernel arguments (frozen dataclasses work too)."""
+
+
+def load(src: NkiTensor, dtype: Any = None) -> NkiTensor:
+    """Experimental ``nl.load``: DMA ``src`` into a new SBUF tile of the same shape."""
+    from nkilib_msda.simulator.isa.dma import dma_copy
+
+    if src.is_on_chip and src.buffer == "psum":
+        raise nki_error("load", "buffer access", "nl.load cannot read PSUM (DMA cannot access PSUM)")
+    dst = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
+    dma_copy(dst=dst, src=src)
+    return dst
+
+
+def store(dst: NkiTensor, value: NkiTensor) -> None:
+    """Experimental ``nl.store``: DMA ``value`` into ``dst`` (PSUM rejected)."""
+    from nkilib_msda.simulator.isa.dma import dma_copy
+
+    dma_copy(dst=dst, src=value)

@@ -1,0 +1,711 @@
+"""NKI tensors: storages, strided views and access patterns.
+
+A :class:`Storage` holds raw bytes, so any view may reinterpret them (``view(dtype)``,
+``.ap(dtype=...)``). HBM storages are linear; on-chip (SBUF/PSUM) storages are
+``partitions x bytes_per_partition``, laid out partition-major, so an element of dtype ``d``
+at (partition p, free element f) has the flat element index ``p * ppe(d) + f`` with
+``ppe(d) = bytes_per_partition // d.itemsize``. An :class:`NkiTensor` is (storage, dtype,
+shape, strides, offset) with every address in elements of its own dtype.
+
+Dynamic views whose addresses depend on values in SBUF (``.ap(vector_offset=...)``,
+``.ap(scalar_offset=...)``, ``select(dim, sbuf_scalar)``, ``vector_select``) are
+:class:`IndirectAccess` / :class:`DynamicAccess` objects that only DMA instructions accept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
+from nkilib_msda.simulator.errors import nki_error
+
+__all__ = ["Storage", "NkiTensor", "IndirectAccess", "DynamicAccess", "ON_CHIP", "HBM_BUFFERS",
+           "BUFFERS", "is_dynamic"]
+
+ON_CHIP = frozenset({"sbuf", "psum"})
+HBM_BUFFERS = frozenset({"private_hbm", "shared_hbm"})
+BUFFERS = ON_CHIP | HBM_BUFFERS
+MAX_PARTITIONS = 128
+MAX_ONCHIP_FREE_LEVELS = 4  # hardware access patterns: partition pair + <= 4 free pairs
+
+
+class Storage:
+    """Raw bytes of one allocation plus a byte-wise "has been written" mask."""
+
+    def __init__(self, buffer: str, nbytes: int, *, partitions: int = 0,
+                 bytes_per_partition: int = 0, name: str = "", program_id: int = 0) -> None:
+        if buffer not in BUFFERS:
+            raise ValueError(f"Storage: unknown buffer {buffer!r}")
+        self.buffer = buffer
+        self.nbytes = int(nbytes)
+        self.partitions = int(partitions)
+        self.bytes_per_partition = int(bytes_per_partition)
+        padded = -(-max(self.nbytes, 1) // 8) * 8  # lets the mask be viewed as uint16/32/64
+        self.data = np.empty(padded, dtype=np.uint8)
+        self.init = np.zeros(padded, dtype=np.uint8)
+        self.name = name
+        self.program_id = program_id
+        self.written = False  # any write since creation (drives write-back of inputs)
+        self.aux: dict[str, Any] = {}  # per-instruction-family bookkeeping (e.g. matmul flags)
+
+    @property
+    def is_on_chip(self) -> bool:
+        return self.buffer in ON_CHIP
+
+    def poison(self, dtype: NkiDtype) -> None:
+        """Fill with NaN (floats) or 4 (ints), as the official simulator does."""
+        view = self.data.view(dtype.np) if self.data.size % dtype.itemsize == 0 else None
+        if view is None:
+            return
+        view[...] = np.nan if dtype.is_float else 4
+        self.init[...] = 0
+
+    def numel(self, itemsize: int) -> int:
+        return self.nbytes // itemsize
+
+    def ppe(self, itemsize: int) -> int:
+        """Elements per partition for an on-chip storage seen as dtype of ``itemsize``."""
+        return self.bytes_per_partition // itemsize
+
+    def __repr__(self) -> str:
+        if self.is_on_chip:
+            return (f"Storage({self.buffer}, {self.partitions} partitions x "
+                    f"{self.bytes_per_partition} B, {self.name!r})")
+        return f"Storage({self.buffer}, {self.nbytes} B, {self.name!r})"
+
+
+def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _compute_addresses(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
+    """int64 array of ``shape``: offset + sum_k strides[k] * i_k."""
+    addr = np.full((), offset, dtype=np.int64)
+    nd = len(shape)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        ax = np.arange(n, dtype=np.int64) * s
+        addr = addr + ax.reshape((n,) + (1,) * (nd - k - 1))
+    return np.ascontiguousarray(np.broadcast_to(addr, tuple(shape)))
+
+
+class _GeometryCache:
+    """Address arrays depend only on (shape, strides, offset): share them between views.
+
+    Each entry is (addresses, flat_index) where flat_index is a ``slice`` when the view covers
+    a contiguous ascending run of its storage (fast NumPy slicing) and the flat int64 array
+    otherwise. Bounded by the total number of cached elements.
+    """
+
+    MAX_ELEMENTS = 8_000_000
+    MAX_ENTRY = 1_000_000
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, tuple[np.ndarray, Any]] = {}
+        self.elements = 0
+
+    def get(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int):
+        key = (shape, strides, offset)
+        hit = self.entries.get(key)
+        if hit is not None:
+            return hit
+        addr = _compute_addresses(shape, strides, offset)
+        addr.setflags(write=False)
+        flat = addr.reshape(-1)
+        index: Any = flat
+        if flat.size and _is_run(shape, strides):
+            index = slice(int(flat[0]), int(flat[0]) + flat.size)
+        entry = (addr, index)
+        if addr.size <= self.MAX_ENTRY:
+            if self.elements + addr.size > self.MAX_ELEMENTS:
+                self.entries.clear()
+                self.elements = 0
+            self.entries[key] = entry
+            self.elements += addr.size
+        return entry
+
+
+def _is_run(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Row-major order visits consecutive elements (size-1 dims ignored)."""
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 1:
+            continue
+        if s != expected:
+            return False
+        expected = s * n
+    return True
+
+
+_GEOMETRY = _GeometryCache()
+
+
+def _addresses(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
+    return _GEOMETRY.get(tuple(shape), tuple(strides), int(offset))[0]
+
+
+class _ViewBase:
+    """Shared read-only properties of static and dynamic views."""
+
+    storage: Storage
+    dtype: NkiDtype
+    shape: tuple[int, ...]
+    name: str
+
+    @property
+    def buffer(self) -> str:
+        return self.storage.buffer
+
+    @property
+    def is_on_chip(self) -> bool:
+        return self.storage.buffer in ON_CHIP
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+
+class NkiTensor(_ViewBase):
+    """A strided view of a storage: element i is at ``offset + sum(strides * i)``."""
+
+    __slots__ = ("storage", "dtype", "shape", "strides", "offset", "name", "_geom")
+
+    def __init__(self, storage: Storage, dtype: Any, shape: Sequence[int],
+                 strides: Sequence[int] | None = None, offset: int = 0, name: str = "") -> None:
+        self.storage = storage
+        self.dtype = to_nki_dtype(dtype)
+        self.shape = tuple(int(n) for n in shape)
+        self.strides = tuple(int(s) for s in strides) if strides is not None else None
+        if self.strides is None:
+            self.strides = _c_strides(self.shape)
+            if storage.is_on_chip and self.shape:
+                self.strides = (storage.ppe(self.dtype.itemsize),) + self.strides[1:]
+        self.offset = int(offset)
+        self.name = name or storage.name
+        self._geom: tuple[np.ndarray, Any] | None = None
+
+    # -- basics ------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return (f"NkiTensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"buffer={self.buffer}, offset={self.offset}, strides={self.strides})")
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __iter__(self):  # NKI tensors are not Python iterables
+        raise TypeError("NkiTensor is not iterable; index it or pass it to an nisa instruction")
+
+    def addresses(self) -> np.ndarray:
+        """Flat element indices (int64, shape ``self.shape``, read-only) into the storage
+        viewed as ``dtype``."""
+        if self._geom is None:
+            self._geom = _GEOMETRY.get(self.shape, self.strides, self.offset)
+        return self._geom[0]
+
+    def flat_index(self) -> Any:
+        """Row-major flat index of the view: a ``slice`` when contiguous, else an int64 array."""
+        if self._geom is None:
+            self._geom = _GEOMETRY.get(self.shape, self.strides, self.offset)
+        return self._geom[1]
+
+    @property
+    def partition_stride(self) -> int:
+        return self.storage.ppe(self.dtype.itemsize)
+
+    @property
+    def start_partition(self) -> int:
+        return self.offset // self.partition_stride if self.is_on_chip else 0
+
+    def _derive(self, shape: Sequence[int], strides: Sequence[int], offset: int,
+                dtype: NkiDtype | None = None) -> "NkiTensor":
+        return NkiTensor(self.storage, dtype or self.dtype, shape, strides, offset, self.name)
+
+    def get_pattern(self) -> list[list[int]]:
+        """The view's access pattern as [[stride, count], ...], outermost first."""
+        return [[s, n] for s, n in zip(self.strides, self.shape)]
+
+    def is_contiguous(self) -> bool:
+        """True if the view covers a contiguous run of its storage in row-major order
+        (on-chip: the free dims are contiguous inside each partition)."""
+        if self.is_on_chip:
+            return _is_c_contiguous(self.shape[1:], self.strides[1:])
+        return _is_c_contiguous(self.shape, self.strides)
+
+    # -- indexing ------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> "NkiTensor":
+        return _index(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from nkilib_msda.simulator.access import assign
+
+        assign(self[key], value, "tensor.__setitem__")
+
+    # -- view methods (0.5+) ---------------------------------------------------------------
+    def _dim(self, dim: int, what: str) -> int:
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+            raise nki_error(what, "dim type", f"dim must be an int, got {type(dim).__name__}")
+        d = int(dim) + self.ndim if dim < 0 else int(dim)
+        if not 0 <= d < self.ndim:
+            raise nki_error(what, "dim out of range", f"dim={dim} for a {self.ndim}-D tensor")
+        return d
+
+    def _no_partition_change(self, d: int, what: str) -> None:
+        if self.is_on_chip and d == 0:
+            raise nki_error(what, "partition dim",
+                            f"cannot change dim 0 (the partition dim) of an on-chip tensor "
+                            f"({self.buffer} {self.shape})")
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        """View of ``start:end:step`` along ``dim`` (bounds must lie inside the dim)."""
+        d = self._dim(dim, "slice")
+        key = [slice(None)] * self.ndim
+        key[d] = slice(start, end, step)
+        return _index(self, tuple(key), what="slice")
+
+    def select(self, dim: int, index: Any) -> "NkiTensor | DynamicAccess":
+        """Drop ``dim`` by picking ``index`` (an int, or a (1,1) SBUF int tensor: dynamic)."""
+        d = self._dim(dim, "select")
+        self._no_partition_change(d, "select")
+        if isinstance(index, NkiTensor):
+            shape = self.shape[:d] + self.shape[d + 1:]
+            strides = self.strides[:d] + self.strides[d + 1:]
+            return DynamicAccess(self, [[s, n] for s, n in zip(strides, shape)], self.offset,
+                                 index, self.strides[d], self.dtype, "select")
+        n = self.shape[d]
+        i = _as_int(index, "select", "index")
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise nki_error("select", "index out of range", f"index {index} for dim {d} of size {n}")
+        shape = self.shape[:d] + self.shape[d + 1:]
+        strides = self.strides[:d] + self.strides[d + 1:]
+        return self._derive(shape, strides, self.offset + i * self.strides[d])
+
+    def permute(self, dims: Sequence[int]) -> "NkiTensor":
+        dims = tuple(int(x) for x in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise nki_error("permute", "bad permutation", f"{dims} for a {self.ndim}-D tensor")
+        if self.is_on_chip and dims[0] != 0:
+            raise nki_error("permute", "partition dim",
+                            f"on-chip dim 0 must stay dim 0, got dims={dims}")
+        return self._derive([self.shape[k] for k in dims], [self.strides[k] for k in dims],
+                            self.offset)
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        """Repeat a size-1 dim ``size`` times (stride 0); never on-chip dim 0."""
+        d = self._dim(dim, "broadcast")
+        self._no_partition_change(d, "broadcast")
+        if self.shape[d] != 1:
+            raise nki_error("broadcast", "size-1 dim",
+                            f"dim {d} has size {self.shape[d]}, only size-1 dims broadcast")
+        size = _as_int(size, "broadcast", "size")
+        if size < 1:
+            raise nki_error("broadcast", "size", f"size must be >= 1, got {size}")
+        shape = list(self.shape)
+        strides = list(self.strides)
+        shape[d] = size
+        strides[d] = 0
+        return self._derive(shape, strides, self.offset)
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        """Insert a size-1 dim at position ``dim`` (0 <= dim <= ndim; not 0 on-chip)."""
+        d = _as_int(dim, "expand_dim", "dim")
+        if d < 0:
+            d += self.ndim + 1
+        if not 0 <= d <= self.ndim:
+            raise nki_error("expand_dim", "dim out of range", f"dim={dim} for a {self.ndim}-D tensor")
+        self._no_partition_change(d, "expand_dim")
+        shape = self.shape[:d] + (1,) + self.shape[d:]
+        stride = self.strides[d] * self.shape[d] if d < self.ndim else 1
+        strides = self.strides[:d] + (stride,) + self.strides[d:]
+        return self._derive(shape, strides, self.offset)
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        d = self._dim(dim, "squeeze_dim")
+        self._no_partition_change(d, "squeeze_dim")
+        if self.shape[d] != 1:
+            raise nki_error("squeeze_dim", "size-1 dim", f"dim {d} has size {self.shape[d]}")
+        if self.is_on_chip and self.ndim <= 2:
+            raise nki_error("squeeze_dim", "rank", "on-chip tensors stay at least 2-D")
+        return self._derive(self.shape[:d] + self.shape[d + 1:],
+                            self.strides[:d] + self.strides[d + 1:], self.offset)
+
+    def reshape_dim(self, dim: int, shape: Sequence[int]) -> "NkiTensor":
+        """Split dim ``dim`` into ``shape`` (product must match)."""
+        d = self._dim(dim, "reshape_dim")
+        self._no_partition_change(d, "reshape_dim")
+        shape = tuple(_as_int(n, "reshape_dim", "shape") for n in shape)
+        if math.prod(shape) != self.shape[d] or not shape or min(shape) < 1:
+            raise nki_error("reshape_dim", "element count",
+                            f"{shape} does not split dim {d} of size {self.shape[d]}")
+        sub = tuple(s * self.strides[d] for s in _c_strides(shape))
+        return self._derive(self.shape[:d] + shape + self.shape[d + 1:],
+                            self.strides[:d] + sub + self.strides[d + 1:], self.offset)
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        """Merge dims start_dim..end_dim (inclusive); they must be mutually contiguous."""
+        a = self._dim(start_dim, "flatten_dims")
+        b = self._dim(end_dim, "flatten_dims")
+        if a > b:
+            raise nki_error("flatten_dims", "dim order", f"start_dim={start_dim} > end_dim={end_dim}")
+        if a == b:
+            return self
+        self._no_partition_change(a, "flatten_dims")
+        if not _is_c_contiguous(self.shape[a:b + 1], self.strides[a:b + 1], relative=True):
+            raise nki_error("flatten_dims", "contiguity",
+                            f"dims {a}..{b} (shape {self.shape[a:b + 1]}, strides "
+                            f"{self.strides[a:b + 1]}) are not contiguous")
+        n = math.prod(self.shape[a:b + 1])
+        return self._derive(self.shape[:a] + (n,) + self.shape[b + 1:],
+                            self.strides[:a] + (self.strides[b],) + self.strides[b + 1:],
+                            self.offset)
+
+    def reshape(self, shape: Sequence[int]) -> "NkiTensor":
+        """Row-major reshape of a contiguous view (on-chip: dim 0 unchanged)."""
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        shape = [_as_int(n, "reshape", "shape") for n in shape]
+        if shape.count(-1) > 1:
+            raise nki_error("reshape", "shape", f"at most one -1 in {tuple(shape)}")
+        if -1 in shape:
+            rest = math.prod(n for n in shape if n != -1)
+            shape[shape.index(-1)] = self.size // rest if rest else 0
+        shape = tuple(shape)
+        if math.prod(shape) != self.size or (shape and min(shape) < 1):
+            raise nki_error("reshape", "element count",
+                            f"cannot reshape {self.shape} ({self.size} elements) to {shape}")
+        if self.is_on_chip:
+            if not shape or shape[0] != self.shape[0]:
+                raise nki_error("reshape", "partition dim",
+                                f"on-chip reshape must keep dim 0: {self.shape} -> {shape}")
+            if len(shape) < 2:
+                raise nki_error("reshape", "rank", "on-chip tensors stay at least 2-D")
+            if not _is_c_contiguous(self.shape[1:], self.strides[1:]):
+                raise nki_error("reshape", "contiguity",
+                                f"free dims of {self.shape} (strides {self.strides}) are not "
+                                "contiguous; reshape only works on contiguous views")
+            strides = (self.strides[0],) + _c_strides(shape[1:])
+            return self._derive(shape, strides, self.offset)
+        if not _is_c_contiguous(self.shape, self.strides):
+            raise nki_error("reshape", "contiguity",
+                            f"view {self.shape} with strides {self.strides} is not contiguous")
+        return self._derive(shape, _c_strides(shape), self.offset)
+
+    def view(self, dtype: Any) -> "NkiTensor":
+        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio."""
+        new = to_nki_dtype(dtype)
+        old_size, new_size = self.dtype.itemsize, new.itemsize
+        if old_size == new_size:
+            return self._derive(self.shape, self.strides, self.offset, new)
+        if not self.shape or (self.shape[-1] != 1 and self.strides[-1] != 1):
+            raise nki_error("view", "contiguity", "the last dim must have stride 1 to reinterpret")
+        last_bytes = self.shape[-1] * old_size
+        if last_bytes % new_size:
+            raise nki_error("view", "size", f"last dim of {last_bytes} B is not a multiple of "
+                                            f"{new} ({new_size} B)")
+        if self.is_on_chip and self.ndim == 1:
+            raise nki_error("view", "rank", "on-chip views need a free dim to reinterpret")
+
+        def rescale(x: int, what: str) -> int:
+            if (x * old_size) % new_size:
+                raise nki_error("view", "alignment", f"{what} {x} x {old_size} B is not a "
+                                                     f"multiple of {new_size} B")
+            return x * old_size // new_size
+
+        if self.is_on_chip and self.storage.bytes_per_partition % new_size:
+            raise nki_error("view", "alignment", f"partition size {self.storage.bytes_per_partition}"
+                                                 f" B is not a multiple of {new_size} B")
+        strides = [rescale(s, "stride") for s in self.strides[:-1]] + [1]
+        shape = list(self.shape[:-1]) + [last_bytes // new_size]
+        return self._derive(shape, strides, rescale(self.offset, "offset"), new)
+
+    reinterpret_cast = view
+
+    def vector_select(self, dim: int, index: "NkiTensor") -> "IndirectAccess":
+        """HBM only: rows of dim 0 picked by a (P,1) SBUF int32/uint32 index tile."""
+        if dim != 0:
+            raise nki_error("vector_select", "dim", f"only dim 0 is supported, got {dim}")
+        if self.is_on_chip:
+            raise nki_error("vector_select", "buffer", "vector_select needs an HBM tensor")
+        pattern = [[self.strides[0], _index_rows(index, "vector_select")]]
+        pattern += [[s, n] for s, n in zip(self.strides[1:], self.shape[1:])]
+        return IndirectAccess(self, pattern, self.offset, index, self.dtype)
+
+    def indirect(self, *args: Any, **kwargs: Any) -> Any:
+        raise nki_error("indirect", "target", ".indirect() (tensor indirection) is trn3-only and "
+                                             "not modelled by this emulator; use .ap(vector_offset=)")
+
+    # -- access patterns ---------------------------------------------------------------------
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None,
+           scalar_offset: Any = None, vector_offset: Any = None, indirect_dim: int = 0,
+           dtype: Any = None) -> "NkiTensor | IndirectAccess | DynamicAccess":
+        """Explicit access pattern over this tensor's storage (see nki-subset.md §3)."""
+        return _make_ap(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+
+def _as_int(x: Any, what: str, arg: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise nki_error(what, f"{arg} type", f"{arg} must be a Python int, got "
+                                              f"{type(x).__name__} {x!r}")
+    return int(x)
+
+
+def _is_c_contiguous(shape: Sequence[int], strides: Sequence[int], relative: bool = False) -> bool:
+    """Row-major contiguous (size-1 dims ignored); ``relative``: innermost stride may be any."""
+    expected = None
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 1:
+            continue
+        if expected is None:
+            if not relative and s != 1:
+                return False
+            expected = s
+        elif s != expected:
+            return False
+        expected = s * n
+    return True
+
+
+def _index(t: NkiTensor, key: Any, what: str = "tensor indexing") -> NkiTensor:
+    if not isinstance(key, tuple):
+        key = (key,)
+    if sum(k is Ellipsis for k in key) > 1:
+        raise nki_error(what, "index", "at most one '...' per index")
+    if Ellipsis in [k for k in key if k is Ellipsis]:
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        fill = t.ndim - (len(key) - 1)
+        key = key[:i] + (slice(None),) * fill + key[i + 1:]
+    if len(key) > t.ndim:
+        raise nki_error(what, "too many indices", f"{len(key)} indices for shape {t.shape}")
+    key = key + (slice(None),) * (t.ndim - len(key))
+    shape: list[int] = []
+    strides: list[int] = []
+    offset = t.offset
+    for d, (k, n, s) in enumerate(zip(key, t.shape, t.strides)):
+        if isinstance(k, slice):
+            start, stop, step = k.start, k.stop, k.step
+            step = 1 if step is None else _as_int(step, what, "slice step")
+            if step < 1:
+                raise nki_error(what, "slice step", f"step must be >= 1, got {step} on dim {d}")
+            if t.is_on_chip and d == 0 and step != 1:
+                # Partition ranges are (start, count); the docs never show a partition step.
+                raise nki_error(what, "partition step",
+                                f"on-chip dim 0 must be sliced with step 1, got {step}")
+            start = 0 if start is None else _as_int(start, what, "slice start")
+            stop = n if stop is None else _as_int(stop, what, "slice stop")
+            start = start + n if start < 0 else start
+            stop = stop + n if stop < 0 else stop
+            if not (0 <= start < stop <= n):
+                # Python would clamp; NKI kernels bound slices explicitly (min()), so an
+                # out-of-range or empty slice is a kernel bug here.
+                raise nki_error(what, "slice out of range",
+                                f"{start}:{stop} on dim {d} of size {n} (shape {t.shape})")
+            count = -(-(stop - start) // step)
+            shape.append(count)
+            strides.append(s * step)
+            offset += start * s
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            i = int(k) + n if k < 0 else int(k)
+            if not 0 <= i < n:
+                raise nki_error(what, "index out of range", f"index {k} on dim {d} of size {n}")
+            offset += i * s
+            if t.is_on_chip and d == 0:  # on-chip: an int on the partition dim keeps it
+                shape.append(1)
+                strides.append(s)
+        else:
+            raise nki_error(what, "index type",
+                            f"{type(k).__name__} index on dim {d}: only int, slice, '...' and "
+                            "nl.ds are allowed (no array/tensor indexing; use .ap(vector_offset=))")
+    if t.is_on_chip:
+        while len(shape) < 2:  # on-chip results stay >= 2-D
+            shape.append(1)
+            strides.append(1)
+    return t._derive(shape, strides, offset)
+
+
+# -- access patterns ---------------------------------------------------------------------------
+def _parse_pattern(pattern: Any, what: str = "ap") -> list[list[int]]:
+    if not isinstance(pattern, (list, tuple)) or not pattern:
+        raise nki_error(what, "pattern", f"pattern must be a non-empty list of [stride, count] "
+                                         f"pairs, got {pattern!r}")
+    out = []
+    for pair in pattern:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise nki_error(what, "pattern", f"each pattern entry must be [stride, count], got {pair!r}")
+        stride = _as_int(pair[0], what, "pattern stride")
+        count = _as_int(pair[1], what, "pattern count")
+        if count < 1:
+            raise nki_error(what, "pattern", f"counts must be >= 1, got {count}")
+        if stride < 0:
+            raise nki_error(what, "pattern", f"negative stride {stride} is not supported")
+        out.append([stride, count])
+    return out
+
+
+def _index_rows(index: Any, what: str) -> int:
+    if not isinstance(index, NkiTensor):
+        raise nki_error(what, "vector_offset", f"indices must be an SBUF tensor, got "
+                                               f"{type(index).__name__}")
+    if index.buffer != "sbuf":
+        raise nki_error(what, "vector_offset", f"indices must be in SBUF, got {index.buffer}")
+    if index.dtype not in (int32, uint32):
+        raise nki_error(what, "vector_offset", f"indices must be int32 or uint32, got {index.dtype}")
+    if index.ndim != 2:
+        raise nki_error(what, "vector_offset", f"indices must be 2-D (P, 1), got {index.shape}")
+    return index.shape[0]
+
+
+def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector_offset: Any,
+             indirect_dim: int, dtype: Any) -> Any:
+    pat = _parse_pattern(pattern)
+    new_dtype = to_nki_dtype(dtype) if dtype is not None else t.dtype
+    if offset is None:
+        base_bytes = t.offset * t.dtype.itemsize
+        if base_bytes % new_dtype.itemsize:
+            raise nki_error("ap", "offset", f"inherited offset {t.offset} is not aligned to {new_dtype}")
+        off = base_bytes // new_dtype.itemsize
+    else:
+        off = _as_int(offset, "ap", "offset")
+        if t.offset != 0:
+            # The docs disagree ("added to", "overrides", "from tensor start"); they only agree
+            # when the receiver starts at 0, so anything else is rejected as ambiguous.
+            raise nki_error("ap", "ambiguous offset",
+                            f"explicit offset={off} on a receiver with non-zero offset {t.offset}; "
+                            "call .ap on the un-offset tensor or pass offset=None")
+        if off < 0:
+            raise nki_error("ap", "offset", f"offset must be >= 0, got {off}")
+    if scalar_offset is not None and vector_offset is not None:
+        raise nki_error("ap", "exclusive offsets", "scalar_offset and vector_offset are exclusive")
+    if vector_offset is not None:
+        if dtype is not None and new_dtype != t.dtype:
+            raise nki_error("ap", "vector_offset with dtype",
+                            "a reinterpret dtype together with vector_offset is not supported (0.5)")
+        if indirect_dim != 0:
+            raise nki_error("ap", "indirect_dim", f"vector_offset needs indirect_dim=0, got {indirect_dim}")
+        if t.is_on_chip:
+            raise nki_error("ap", "vector_offset receiver",
+                            f"vector_offset needs an HBM receiver, got {t.buffer}")
+        _index_rows(vector_offset, "ap")
+        return IndirectAccess(t, pat, off, vector_offset, t.dtype)
+    storage = t.storage
+    if t.is_on_chip:
+        ppe = storage.ppe(new_dtype.itemsize)
+        if storage.bytes_per_partition % new_dtype.itemsize:
+            raise nki_error("ap", "dtype", f"partition size {storage.bytes_per_partition} B is not a "
+                                           f"multiple of {new_dtype}")
+        p_stride, p_count = pat[0]
+        if p_stride != ppe and p_count > 1:
+            raise nki_error("ap", "partition stride",
+                            f"the first pair is the partition pair: stride must be {ppe} "
+                            f"(elements per partition), got {p_stride}")
+        if p_count > MAX_PARTITIONS:
+            raise nki_error("ap", "partition count", f"{p_count} partitions > {MAX_PARTITIONS}")
+        if len(pat) - 1 > MAX_ONCHIP_FREE_LEVELS:
+            raise nki_error("ap", "free levels", f"{len(pat) - 1} free levels > "
+                                                 f"{MAX_ONCHIP_FREE_LEVELS} on an on-chip tensor")
+        pat[0][0] = ppe
+        p0, f0 = divmod(off, ppe)
+        free_extent = f0 + sum(s * (n - 1) for s, n in pat[1:])
+        if free_extent >= ppe or p0 + p_count > storage.partitions:
+            raise nki_error("ap", "out of bounds",
+                            f"pattern {pat} at offset {off} leaves the tile "
+                            f"({storage.partitions} partitions x {ppe} {new_dtype})")
+    if scalar_offset is not None:
+        d = _as_int(indirect_dim, "ap", "indirect_dim")
+        if not 0 <= d < t.ndim:
+            raise nki_error("ap", "indirect_dim", f"indirect_dim={d} for a {t.ndim}-D receiver")
+        return DynamicAccess(t, pat, off, scalar_offset, t.strides[d], new_dtype, "ap")
+    view = NkiTensor(storage, new_dtype, [n for _, n in pat], [s for s, _ in pat], off, t.name)
+    if not t.is_on_chip:
+        last = off + sum(s * (n - 1) for s, n in pat)
+        if last >= storage.numel(new_dtype.itemsize):
+            raise nki_error("ap", "out of bounds", f"pattern {pat} at offset {off} reaches element "
+                                                   f"{last} of a {storage.numel(new_dtype.itemsize)}"
+                                                   f"-element {new_dtype} storage")
+    return view
+
+
+class DynamicAccess(_ViewBase):
+    """A view whose offset adds ``value(scalar) * scale`` read from a (1,1) SBUF int tile
+    when the (DMA) instruction executes."""
+
+    def __init__(self, receiver: NkiTensor, pattern: list[list[int]], offset: int,
+                 scalar: Any, scale: int, dtype: NkiDtype, what: str) -> None:
+        if not isinstance(scalar, NkiTensor) or scalar.buffer != "sbuf" or scalar.size != 1 \
+                or not scalar.dtype.is_int:
+            raise nki_error(what, "scalar_offset",
+                            "the dynamic offset must be a (1,1) SBUF integer tensor, got "
+                            f"{getattr(scalar, 'shape', type(scalar).__name__)}")
+        self.receiver = receiver
+        self.storage = receiver.storage
+        self.dtype = dtype
+        self.pattern = pattern
+        self.shape = tuple(n for _, n in pattern)
+        self.strides = tuple(s for s, _ in pattern)
+        self.offset = offset
+        self.scalar = scalar
+        self.scale = scale
+        self.name = receiver.name
+
+    def __repr__(self) -> str:
+        return f"DynamicAccess({self.name!r}, shape={self.shape}, {self.buffer})"
+
+
+class IndirectAccess(_ViewBase):
+    """``receiver.ap(pattern, vector_offset=idx)``: row p starts at
+    ``offset + idx[p] * receiver.strides[0]``; the first pair's stride is ignored."""
+
+    def __init__(self, receiver: NkiTensor, pattern: list[list[int]], offset: int,
+                 index: NkiTensor, dtype: NkiDtype) -> None:
+        self.receiver = receiver
+        self.storage = receiver.storage
+        self.dtype = dtype
+        self.pattern = pattern
+        self.shape = tuple(n for _, n in pattern)
+        self.free_strides = tuple(s for s, _ in pattern[1:])
+        self.row_stride = receiver.strides[0] if receiver.strides else 1
+        self.offset = offset
+        self.index = index
+        self.name = receiver.name
+
+    def __repr__(self) -> str:
+        return (f"IndirectAccess({self.name!r}, shape={self.shape}, {self.buffer}, "
+                f"index={self.index.shape})")
+
+    def same_access(self, other: Any) -> bool:
+        return (isinstance(other, IndirectAccess) and other.storage is self.storage
+                and other.pattern == self.pattern and other.offset == self.offset
+                and other.row_stride == self.row_stride and other.dtype == self.dtype
+                and other.index.storage is self.index.storage
+                and other.index.offset == self.index.offset
+                and other.index.shape == self.index.shape
+                and other.index.strides == self.index.strides)
+
+    def row_offsets(self) -> np.ndarray:
+        """Offsets (elements) of one row's elements relative to its start, shape pattern[1:]."""
+        return _addresses(self.shape[1:], self.free_strides, 0)
+
+    def row_is_run(self) -> bool:
+        return _is_run(self.shape[1:], self.free_strides)
+
+
+def is_dynamic(x: Any) -> bool:
+    return isinstance(x, (IndirectAccess, DynamicAccess))

@@ -1,0 +1,87 @@
+"""Shared MSDA simulator-test cases and checks (forward and backward kernels).
+
+Inputs follow msda-design.md D (see ``nkilib_msda.experimental.deformable_attention.msda_inputs``):
+value ~ N(0,1) in the value dtype, locations ~ U[0,1), weights ~ U[0.1,1) normalised over
+(N_l, N_p), fp16 by default. References always run on the same rounded arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from nkilib_msda.experimental.deformable_attention.msda_inputs import (  # noqa: F401
+    S4, MSDACase, make_inputs, numpy_dtype)
+
+__all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",
+           "BEVFORMER_SLOW", "tolerance", "assert_close", "case"]
+
+
+def case(name: str, **kw) -> MSDACase:
+    return MSDACase(name=name, **kw)
+
+
+# Upstream test matrix (msda-design.md D); blank cells take the defaults B=1, N_q=256,
+# BQHLP2, align_corners=False, zeros.
+BASIC_CASES = (
+    case("1-B2-BLNC-B2QHLP", batch=2, value_layout="BLNC", locations_layout="B2QHLP"),
+    case("2-B2-BLNC-BQHLP2", batch=2, value_layout="BLNC", locations_layout="BQHLP2"),
+    case("3-BNLC-B2QHLP", value_layout="BNLC", locations_layout="B2QHLP"),
+    case("4-BNLC-BQHLP2", value_layout="BNLC", locations_layout="BQHLP2"),
+    case("5-border-B2QHLP", locations_layout="B2QHLP", padding_mode="border"),
+    case("6-q512-border", num_queries=512, padding_mode="border"),
+    case("7-ac-zeros-B2QHLP", locations_layout="B2QHLP", align_corners=True),
+    case("8-ac-zeros-BQHLP2", align_corners=True),
+    case("9-ac-border-B2QHLP", locations_layout="B2QHLP", align_corners=True,
+         padding_mode="border"),
+    case("10-ac-border-BQHLP2", align_corners=True, padding_mode="border"),
+    case("11-h4-c256-p4", num_heads=4, head_dim=256, num_points=4, locations_layout="B2QHLP"),
+    case("12-h4-c144-p4-BNLC", num_heads=4, head_dim=144, num_points=4, value_layout="BNLC"),
+    case("13-q263", num_queries=263),
+    case("14-q501-BNLC-B2QHLP", num_queries=501, value_layout="BNLC", locations_layout="B2QHLP"),
+)
+
+BEVFORMER_FAST = case("bevformer-fast", batch=2, num_queries=512, locations_layout="B2QHLP")
+
+_BASE_SCA = ((113, 200), (57, 100), (29, 50), (15, 25))
+BEVFORMER_SLOW = (
+    case("bev-base-sca", num_queries=18000, spatial_shapes=_BASE_SCA, value_layout="BNLC",
+         locations_layout="B2QHLP"),
+    case("bev-base-tsa", num_queries=40000, num_points=4, spatial_shapes=((200, 200),),
+         locations_layout="B2QHLP"),
+    case("bev-base-decoder", num_queries=900, num_points=4, spatial_shapes=((200, 200),),
+         locations_layout="B2QHLP"),
+    case("bev-small-sca", num_queries=13500, spatial_shapes=((113, 200),),
+         locations_layout="B2QHLP"),
+    case("bev-small-tsa", num_queries=22500, num_points=4, spatial_shapes=((150, 150),),
+         locations_layout="B2QHLP"),
+    case("bev-small-decoder", num_queries=900, num_points=4, spatial_shapes=((150, 150),),
+         locations_layout="B2QHLP"),
+)
+
+
+def tolerance(value_dtype: str) -> float:
+    """Relative tolerance of the acceptance checks: 1e-2 for 2-byte values, 1e-5 for fp32."""
+    return 1e-5 if value_dtype == "float32" else 1e-2
+
+
+def assert_close(out: np.ndarray, ref: np.ndarray, value_dtype: str, what: str = "output") -> None:
+    """max|out - ref| <= tol * max|ref| and ||out - ref|| / ||ref|| <= tol (compared in fp64)."""
+    tol = tolerance(value_dtype)
+    got = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != reference {ref.shape}"
+    assert np.all(np.isfinite(got)), f"{what}: {np.sum(~np.isfinite(got))} non-finite elements"
+    scale = float(np.max(np.abs(ref)))
+    max_err = float(np.max(np.abs(got - ref))) if got.size else 0.0
+    assert max_err <= tol * max(scale, 1e-30), (
+        f"{what}: max|out - ref| = {max_err:.3g} > {tol:g} * max|ref| = {tol * scale:.3g}")
+    norm = float(np.linalg.norm(ref))
+    rel_l2 = float(np.linalg.norm(got - ref)) / norm if norm > 0 else float(np.linalg.norm(got))
+    assert rel_l2 <= tol, f"{what}: relative L2 error {rel_l2:.3g} > {tol:g}"
+
+
+def with_(c: MSDACase, **kw) -> MSDACase:
+    """A copy of case ``c`` with fields replaced."""
+    return dataclasses.replace(c, **kw)

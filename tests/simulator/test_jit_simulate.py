@@ -1,0 +1,340 @@
+"""nki.jit / kernel[lnc] / simulate: arguments, returns, write-back, LNC=2, barrier, report."""
+
+import dataclasses
+import enum
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nkilib_msda.simulator import CostReport, NkiError, nki, nisa, nl, simulate
+from nkilib_msda.simulator.jit import JitKernel
+
+from _core_helpers import raises_rule
+
+RNG = np.random.default_rng(5)
+
+
+@nki.jit
+def add_one(a):
+    t = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    u = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+    u[...] = 1.0
+    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_compute(dst=out, srcs=[t, u], reduce_op=nl.add)
+    return out
+
+
+def test_simulate_returns_numpy_and_calling_a_jit_kernel_simulates():
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(simulate(add_one)(x), x + 1)
+    np.testing.assert_allclose(add_one(x), x + 1)
+    np.testing.assert_allclose(add_one[1](a=x), x + 1)
+    assert isinstance(add_one, JitKernel) and add_one.__name__ == "add_one"
+
+
+def test_bfloat16_inputs_and_tuple_outputs_with_report():
+    x = RNG.standard_normal((3, 5)).astype(ml_dtypes.bfloat16)
+
+    @nki.jit
+    def two(a):
+        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        o1 = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
+        o2 = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o1, src=t)
+        nisa.dma_copy(dst=o2, src=t)
+        return o1, o2
+
+    o1, o2 = simulate(two)(x)
+    assert o1.dtype == np.float32 and o2.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(o1, x.astype(np.float32))
+    o1, o2, rep = simulate(two, report=True)(x)
+    assert isinstance(rep, CostReport) and rep.instruction_count("dma", "dma_copy") == 3
+
+
+def test_argument_rules():
+    @nki.jit
+    def k(a, n, flag, name, opt, shape, mode, cfg):
+        assert isinstance(n, int) and flag is True and name == "x" and opt is None
+        assert shape == (2, 3) and mode is Mode.B and cfg.k == 4
+        return a
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        k: int
+
+    @dataclasses.dataclass
+    class Mutable:
+        k: int
+
+    x = np.ones((2, 2), np.float32)
+    np.testing.assert_array_equal(k(x, 3, True, "x", None, (2, 3), Mode.B, Cfg(4)), x)
+    with raises_rule("kernel arguments", "list argument"):
+        k(x, 3, True, "x", None, [2, 3], Mode.B, Cfg(4))
+    with raises_rule("kernel arguments", "argument type"):
+        k(x, 3, True, "x", None, (2, 3), Mode.B, Mutable(4))
+    with raises_rule("kernel arguments", "argument type"):
+        k(x, 3, True, "x", None, (2, 3), Mode.B, {"k": 4})
+    with raises_rule("kernel arguments", "unsupported dtype"):
+        k(x.astype(np.float64), 3, True, "x", None, (2, 3), Mode.B, Cfg(4))
+
+
+def test_signature_and_jit_option_rules():
+    @nki.jit
+    def star(a, *rest):
+        return a
+
+    @nki.jit
+    def kwonly(a, *, b=1):
+        return a
+
+    x = np.ones((2, 2), np.float32)
+    with raises_rule("nki.jit", "kernel signature"):
+        star(x)
+    with raises_rule("nki.jit", "kernel signature"):
+        kwonly(x)
+    with raises_rule("nki.jit", "removed option"):
+        nki.jit(mode="simulation")
+    with raises_rule("nki.jit", "launch grid"):
+        add_one[3]
+
+
+def test_outputs_must_be_shared_hbm_and_fully_written():
+    @nki.jit
+    def private_out(a):
+        o = nl.ndarray(a.shape, a.dtype, buffer=nl.hbm)
+        nisa.dma_copy(dst=o, src=a)
+        return o
+
+    @nki.jit
+    def half_written(a):
+        o = nl.ndarray((4, 2), a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o[0:2], src=a)
+        return o
+
+    @nki.jit
+    def returns_int(a):
+        return 3
+
+    x = np.ones((2, 2), np.float32)
+    with raises_rule("kernel return", "output buffer"):
+        private_out(x)
+    with raises_rule("kernel return", "output not written"):
+        half_written(x)
+    with raises_rule("kernel return", "output type"):
+        returns_int(x)
+
+
+def test_inputs_modified_in_place_are_written_back():
+    @nki.jit
+    def scale_in_place(a, b):
+        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=b)
+        nisa.dma_copy(dst=a[1:3], src=t[1:3])  # writes rows 1..2 of a only
+
+    a = np.zeros((4, 3), np.float32)
+    b = RNG.standard_normal((4, 3)).astype(np.float32)
+    b0 = b.copy()
+    assert simulate(scale_in_place)(a, b) is None
+    np.testing.assert_array_equal(a[1:3], b[1:3])
+    assert (a[[0, 3]] == 0).all()
+    np.testing.assert_array_equal(b, b0)  # untouched input not rewritten
+
+
+def test_nested_jit_call_is_a_plain_call():
+    @nki.jit
+    def inner(a):
+        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        return t
+
+    @nki.jit
+    def outer(a):
+        t = inner(a)  # returns an SBUF tile: only possible as a plain call
+        o = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=t)
+        return o
+
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(outer(x), x)
+
+
+def test_program_queries_without_and_with_a_grid():
+    @nki.jit
+    def ids(a):
+        o = nl.ndarray((1, 3), nl.int32, buffer=nl.shared_hbm)
+        ndim = nl.program_ndim()
+        n = nl.num_programs(0) if ndim else 1
+        pid = nl.program_id(0) if ndim else 0
+        t = nl.ndarray((1, 3), nl.int32, buffer=nl.sbuf)
+        t[...] = 0
+        t[:, 0:1] = ndim
+        t[:, 1:2] = n
+        t[:, 2:3] = pid
+        if pid == 0:
+            nisa.dma_copy(dst=o, src=t)
+        else:
+            nisa.core_barrier(a, (0, 1))
+        if pid == 0 and n == 2:
+            nisa.core_barrier(a, (0, 1))
+        return o
+
+    x = np.zeros((1, 1), np.float32)
+    assert simulate(ids)(x).tolist() == [[0, 1, 0]]
+    assert simulate(ids, lnc=1)(x).tolist() == [[1, 1, 0]]
+    assert ids[2](x).tolist() == [[1, 2, 0]]
+
+    @nki.jit
+    def no_guard(a):
+        nl.program_id(0)
+
+    with raises_rule("program_id", "axis"):
+        simulate(no_guard)(x)
+
+
+def test_lnc2_distinct_program_ids_shared_hbm_and_barrier():
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+
+    @nki.jit
+    def swap(a):
+        pid = nl.program_id(0)
+        scratch = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)  # one storage for both
+        out = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
+        mine = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=mine, src=a[pid:pid + 1])
+        nisa.dma_copy(dst=scratch[pid:pid + 1], src=mine)
+        nisa.core_barrier(scratch, (0, 1))  # the other program's row is now in scratch
+        theirs = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=theirs, src=scratch[1 - pid:2 - pid])
+        nisa.dma_copy(dst=out[pid:pid + 1], src=theirs)
+        return out
+
+    out, rep = simulate(swap[2], report=True)(x)
+    np.testing.assert_array_equal(out, x[::-1])
+    assert rep.num_programs == 2 and len(rep.programs) == 2
+    assert rep.instruction_count("sync", "core_barrier") == 2
+    assert rep.instruction_count("dma", "dma_copy") == 8
+
+
+def test_without_barrier_program_1_cannot_see_program_0s_later_writes():
+    # Programs run one at a time between barriers (program 0 first): a read of data that
+    # the other program writes without a barrier in between is uninitialised.
+    @nki.jit
+    def racy(a):
+        pid = nl.program_id(0)
+        scratch = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
+        if pid == 1:
+            nisa.dma_copy(dst=t, src=a[1:2])
+            nisa.dma_copy(dst=scratch[1:2], src=t)
+        nisa.dma_copy(dst=t, src=scratch[1:2])
+        return scratch
+
+    with raises_rule("dma_copy", "uninitialized read"):
+        simulate(racy, lnc=2)(np.ones((2, 4), np.float32))
+
+
+def test_barrier_deadlock_and_core_rules():
+    @nki.jit
+    def only_program_0_waits(a):
+        s = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 0:
+            nisa.core_barrier(s, (0, 1))
+        return a
+
+    @nki.jit
+    def bad_data(a):
+        nisa.core_barrier(nl.ndarray((1, 1), nl.float32, buffer=nl.hbm), (0, 1))
+
+    @nki.jit
+    def lnc1_barrier(a):
+        nisa.core_barrier(a, (0, 1))
+
+    x = np.ones((1, 1), np.float32)
+    with raises_rule("core_barrier", "barrier deadlock"):
+        simulate(only_program_0_waits, lnc=2)(x)
+    with raises_rule("core_barrier", "shared_hbm data"):
+        simulate(bad_data, lnc=2)(x)
+    with raises_rule("core_barrier", "cores"):
+        simulate(lnc1_barrier, lnc=1)(x)
+
+
+def test_lnc2_outputs_must_agree_and_shared_allocations_must_match():
+    @nki.jit
+    def different_outputs(a):
+        o1 = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        o2 = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o1, src=a)
+        nisa.dma_copy(dst=o2, src=a)
+        return o1 if nl.program_id(0) == 0 else o2
+
+    @nki.jit
+    def mismatched(a):
+        shape = (1, 1) if nl.program_id(0) == 0 else (2, 2)
+        return nl.ndarray(shape, nl.float32, buffer=nl.shared_hbm)
+
+    x = np.ones((1, 1), np.float32)
+    with raises_rule("kernel return", "LNC outputs differ"):
+        simulate(different_outputs, lnc=2)(x)
+    with raises_rule("ndarray", "LNC shared_hbm mismatch"):
+        simulate(mismatched, lnc=2)(x)
+
+
+def test_private_buffers_are_per_program():
+    @nki.jit
+    def k(a):
+        pid = nl.program_id(0)
+        scratch = nl.ndarray((1, 1), nl.float32, buffer=nl.private_hbm)
+        t = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf)
+        t[...] = float(pid + 1)
+        nisa.dma_copy(dst=scratch, src=t)
+        nisa.core_barrier(a, (0, 1))
+        out = nl.ndarray((2, 1), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=t, src=scratch)
+        nisa.dma_copy(dst=out[pid:pid + 1], src=t)
+        return out
+
+    assert simulate(k, lnc=2)(np.zeros((1, 1), np.float32)).tolist() == [[1.0], [2.0]]
+
+
+def test_errors_propagate_and_target_selection(monkeypatch):
+    x = np.ones((2, 2), np.float32)
+
+    @nki.jit
+    def usable(a):
+        o = nl.ndarray((1, 1), nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        t[...] = nl.tile_size.total_available_sbuf_size
+        nisa.dma_copy(dst=o, src=t)
+        return o
+
+    assert usable(x)[0, 0] == 212_992
+    assert simulate(usable, target="trn3")(x)[0, 0] == 245_760
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert usable(x)[0, 0] == 245_760
+    with pytest.raises(NkiError, match="unsupported target"):
+        simulate(usable, target="trn9")(x)
+    with pytest.raises(ValueError, match="lnc"):
+        simulate(usable, lnc=3)
+
+
+def test_report_to_dict_and_merge():
+    x = RNG.standard_normal((128, 64)).astype(np.float32)
+    out, rep = simulate(add_one, report=True)(x)
+    d = rep.to_dict()
+    assert d["engines"]["dma"]["instructions"] == 2
+    assert d["engines"]["vector"]["by_opcode"]["memset"] == {"instructions": 1, "elements": 8192}
+    assert d["dma"]["direct/hbm_to_sbuf"]["bytes"] == 128 * 64 * 4
+    assert d["dma"]["compute/sbuf_to_hbm"]["hbm_bytes"] == 128 * 64 * 4
+    assert d["peak_sbuf_bytes_per_partition"] == 2 * 64 * 4
+    merged = CostReport.merged([rep, rep])
+    assert merged.instruction_count("dma") == 4 and merged.num_programs == 2
+    assert merged.peak_sbuf_bytes_per_partition == rep.peak_sbuf_bytes_per_partition
+    text = str(rep)
+    assert "dma_compute" in text and "peak SBUF" in text

@@ -1,0 +1,157 @@
+"""Unit tests of the backward kernel's plain-Python plan (no NKI needed)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from nkilib_msda.experimental.deformable_attention.backward_config import (
+    FP32_EXACT_INT_MAX, PARTITIONS, TRN2_USABLE_SBUF_BYTES, buffer_index, make_backward_config)
+from nkilib_msda.validation import MSDAProblem
+
+S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
+
+
+def problem(n_q=256, n_h=8, c_h=32, n_p=8, shapes=S4, batch=1, layout="BLNC"):
+    starts, s = [], 0
+    for h, w in shapes:
+        starts.append(s)
+        s += h * w
+    return MSDAProblem(batch=batch, num_queries=n_q, num_heads=n_h, head_dim=c_h,
+                       num_levels=len(shapes), num_points=n_p, spatial_shapes=tuple(shapes),
+                       level_start_index=tuple(starts), value_layout=layout,
+                       sampling_locations_layout="BQHLP2", align_corners=False, padding_mode="zeros")
+
+
+def test_default_plan_matches_upstream_k():
+    cfg = make_backward_config(problem(), "bfloat16")
+    assert (cfg.groups, cfg.queries_per_block, cfg.partitions_per_block) == (32, 4, 128)
+    assert (cfg.scatter_partitions, cfg.k_base, cfg.num_buffers) == (128, 4, 4)
+    cfg = make_backward_config(problem(n_h=4), "bfloat16")  # G = 16 -> K = 8 as upstream
+    assert cfg.num_buffers == 8
+
+
+def test_scatter_caps():
+    p = problem()
+    assert make_backward_config(p, "bfloat16", max_scatter_indices_per_indirect=100).scatter_partitions == 64
+    cfg = make_backward_config(p, "bfloat16", max_scatter_indices_per_indirect=64)
+    assert (cfg.k_base, cfg.num_buffers, cfg.scatter_pairs) == (2, 2, False)
+    cfg = make_backward_config(p, "bfloat16", max_scatter_indices_per_indirect=200)
+    assert (cfg.scatter_partitions, cfg.scatter_pairs) == (128, False)
+    for cap in (None, 256, 10**6):  # pairs: 256 corner rows per DMA, K unchanged
+        cfg = make_backward_config(p, "bfloat16", max_scatter_indices_per_indirect=cap)
+        assert (cfg.scatter_pairs, cfg.num_buffers) == (True, 4)
+    one_wide = problem(shapes=((5, 7), (3, 1)))
+    assert not make_backward_config(one_wide, "bfloat16").scatter_pairs
+
+
+def test_gather_caps():
+    p = problem()
+    cfg = make_backward_config(p, "bfloat16", max_gather_indices_per_indirect=1024)
+    assert cfg.gather_columns == 8 and cfg.gather_method == "transpose"
+    cfg = make_backward_config(p, "bfloat16", max_gather_indices_per_indirect=200)
+    assert cfg.gather_columns == 1
+    for cap in (None, 10**6):
+        cfg = make_backward_config(p, "bfloat16", max_gather_indices_per_indirect=cap)
+        assert cfg.gather_columns == 16  # packet limit 64 // (128 / 32)
+    assert make_backward_config(problem(c_h=256), "bfloat16").gather_columns == 32
+    cfg = make_backward_config(p, "bfloat16", gather_method="copy")
+    assert (cfg.gather_pairs, cfg.gather_columns) == (True, 1)
+    cfg = make_backward_config(p, "bfloat16", gather_method="copy", max_gather_indices_per_indirect=255)
+    assert not cfg.gather_pairs
+    cfg = make_backward_config(p, "bfloat16", gather_method="copy", max_gather_indices_per_indirect=48)
+    assert (cfg.gather_partitions, cfg.gather_pairs) == (32, False)
+    with pytest.raises(ValueError, match="max_gather_indices_per_indirect"):
+        make_backward_config(p, "bfloat16", max_gather_indices_per_indirect=64)
+    assert make_backward_config(p, "float32").gather_method == "copy"
+
+
+def test_bad_knobs_raise_named_errors():
+    p = problem()
+    for kwargs, name in [({"gather_method": "fast"}, "gather_method"),
+                         ({"num_scatter_buffers": 0}, "num_scatter_buffers"),
+                         ({"num_scatter_buffers": 9}, "num_scatter_buffers"),
+                         ({"max_scatter_indices_per_indirect": 0}, "max_scatter_indices_per_indirect"),
+                         ({"max_gather_indices_per_indirect": -1}, "max_gather_indices_per_indirect"),
+                         ({"compute_grad_value": False, "compute_grad_sampling_locations": False,
+                           "compute_grad_attention_weights": False}, "at least one")]:
+        with pytest.raises(ValueError, match=name):
+            make_backward_config(p, "bfloat16", **kwargs)
+    with pytest.raises(ValueError, match="num_heads"):
+        make_backward_config(problem(n_h=32, shapes=S4 + ((3, 3),)), "bfloat16")
+
+
+def test_index_limits():
+    big = problem(n_h=16, shapes=((1024, 1100),))  # 18 M rows >= 2^24
+    with pytest.raises(ValueError, match="2\\^24"):
+        make_backward_config(big, "bfloat16")
+    # 3.2 M rows with G = 1: K = 128 would overflow 2^24, the scatter partitions shrink to 4
+    p = problem(n_h=1, shapes=((1600, 2000),), n_p=4)
+    cfg = make_backward_config(p, "bfloat16")
+    assert cfg.max_scatter_index < FP32_EXACT_INT_MAX
+    assert (cfg.scatter_partitions, cfg.num_buffers) == (4, 4)
+
+
+@pytest.mark.parametrize("n_h,n_l,cap", [(8, 4, None), (1, 1, None), (3, 5, None), (16, 5, 64),
+                                         (4, 4, 512), (2, 3, 384), (8, 1, 32), (5, 2, 2048)])
+def test_scatter_targets_are_unique_per_instruction(n_h, n_l, cap):
+    """Brute-force the proof in the module docstring on adversarial rows (all samples of one
+    (h, l) hit the same pixel)."""
+    shapes = tuple((3 + i, 4 + i) for i in range(n_l))
+    cfg = make_backward_config(problem(n_h=n_h, shapes=shapes, n_p=4), "bfloat16",
+                               max_scatter_indices_per_indirect=cap)
+    rows = cfg.rows_per_batch
+    g = cfg.groups
+    for j0 in range(0, cfg.partitions_per_block, cfg.scatter_partitions):
+        targets = set()
+        parts = range(j0, min(j0 + cfg.scatter_partitions, cfg.partitions_per_block))
+        for j, slot in itertools.product(parts, range(2 if cfg.scatter_pairs else 1)):
+            h, l = divmod(j % g, n_l)
+            pix = sum(a * b for a, b in shapes[:l]) + slot  # same pixel(s) for every sample of (h, l)
+            row = pix * n_h + h
+            target = buffer_index(cfg, j) + row
+            assert target not in targets
+            assert target < cfg.num_buffers * rows
+            targets.add(target)
+
+
+def test_super_tiles_cover_queries_once():
+    for n_q, lnc in [(1, 1), (5, 2), (263, 1), (501, 2), (64, 2)]:
+        cfg = make_backward_config(problem(n_q=n_q, n_h=3, shapes=S4[:3]), "bfloat16", lnc=lnc)
+        covered = []
+        for core in range(lnc):
+            for q0, blocks, parts in cfg.super_tiles(core):
+                assert parts <= PARTITIONS and parts % cfg.groups == 0
+                n = blocks * cfg.queries_per_block if parts == cfg.partitions_per_block else parts // cfg.groups
+                covered += list(range(q0, q0 + n))
+        assert covered == list(range(n_q))
+
+
+def test_sbuf_plan_fits_and_shrinks():
+    for c_h, n_p, dt in [(32, 8, "bfloat16"), (256, 8, "float32"), (160, 8, "bfloat16"), (8, 1, "float16")]:
+        cfg = make_backward_config(problem(c_h=c_h, n_p=n_p), dt)
+        assert cfg.sbuf_bytes_per_partition <= TRN2_USABLE_SBUF_BYTES - 4096
+    small = make_backward_config(problem(c_h=256, n_p=8), "float32")
+    large = make_backward_config(problem(c_h=8, n_p=1), "bfloat16")
+    assert small.blocks_per_tile <= large.blocks_per_tile
+    tight = make_backward_config(problem(), "bfloat16", sbuf_budget=40_000)
+    assert tight.blocks_per_tile < make_backward_config(problem(), "bfloat16").blocks_per_tile
+    with pytest.raises(ValueError, match="SBUF"):
+        make_backward_config(problem(c_h=256), "float32", sbuf_budget=20_000)
+
+
+def test_reduce_bands_partition_each_batch():
+    cfg = make_backward_config(problem(), "bfloat16", lnc=2)
+    a, b = cfg.reduce_bands(0), cfg.reduce_bands(1)
+    assert a[0] == 0 and a[1] == b[0] and b[1] == cfg.rows_per_batch * 32
+
+
+def test_buffer_sets_and_scratch_bytes():
+    p = problem(batch=2)
+    cfg = make_backward_config(p, "bfloat16", num_scatter_buffers=3, lnc=2)
+    assert cfg.buffer_shape == (2, 8, p.total_pixels * 8, 32)
+    assert cfg.scratch_hbm_bytes == 3 * 2 * 8 * p.total_pixels * 8 * 32 * 4
+    assert make_backward_config(p, "bfloat16", compute_grad_value=False).scratch_hbm_bytes == 0
+    assert np.all(np.diff([buffer_index(cfg, j) for j in range(0, 128, 32)]) == cfg.rows_per_batch)
