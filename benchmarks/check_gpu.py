@@ -48,7 +48,8 @@ def poison_allocator() -> None:
 
 def check_case(name, dtype, *, batch=2, queries=97, heads=4, channels=32, shapes=SHAPES_SMALL,
                points=3, value_layout="BLNC", loc_layout="BQHLP2", align_corners=False,
-               padding_mode="zeros", deterministic=False, compute=(True, True, True), seed=0):
+               padding_mode="zeros", deterministic=False, compute=(True, True, True), seed=0,
+               forward_kernel="points"):
     poison_allocator()
     value, loc, attn, grad = make_inputs(batch, queries, heads, channels, shapes, points, dtype,
                                          value_layout, loc_layout, seed=seed)
@@ -58,7 +59,8 @@ def check_case(name, dtype, *, batch=2, queries=97, heads=4, channels=32, shapes
                    align_corners=align_corners, padding_mode=padding_mode)
     ref = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
                                       grad.double(), **options)
-    out = tb.msda_forward(value, problem, loc, attn)
+    plan = tb.with_configs(tb.plan_launch(problem, str(dtype)), forward_kernel=forward_kernel)
+    out = tb.msda_forward(value, problem, loc, attn, plan=plan)
     grads = tb.msda_backward(grad, value, problem, loc, attn, compute=compute,
                              deterministic=deterministic)
     errors = [relative_l2(out, ref[0])]
@@ -127,7 +129,21 @@ def check_encoder_bf16():
     from nkilib_msda.grid_sample_reference import msda_grid_sample
     ref = msda_grid_sample(value.double(), shapes, loc.double(), attn.double())
     err = relative_l2(out, ref)
-    return "ddetr_enc forward (<= 2e-3)", "bfloat16", [err], err <= 2e-3
+    rows = [("ddetr_enc forward (<= 2e-3)", "bfloat16", [err], err <= 2e-3)]
+    for kernel in ("points", "samples"):
+        plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), forward_kernel=kernel,
+                               forward=tb.KernelConfig(8 if kernel == "samples" else 32, 4))
+        err = relative_l2(tb.msda_forward(value, problem, loc, attn, plan=plan), ref)
+        rows.append((f"ddetr_enc forward kernel={kernel}", "bfloat16", [err], err <= 2e-3))
+    grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16)
+    ref_grads = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
+                                            grad.double())
+    for acc in ("float32", "native"):
+        plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_accumulator=acc)
+        grads = tb.msda_backward(grad, value, problem, loc, attn, plan=plan, deterministic=False)
+        errs = [relative_l2(g, r) for g, r in zip(grads, ref_grads[1:])]
+        rows.append((f"ddetr_enc backward accumulator={acc}", "bfloat16", errs, max(errs) <= 1e-2))
+    return rows
 
 
 def cases():
@@ -145,6 +161,10 @@ def cases():
     yield "compute=(T,F,F)", torch.bfloat16, dict(compute=(True, False, False))
     yield "C_h=8 N_h=1 P=1 B=3", torch.float32, dict(channels=8, heads=1, points=1, batch=3)
     yield "C_h=64 Q=1", torch.bfloat16, dict(channels=64, queries=1)
+    for i, (vl, ll, ac, pm) in enumerate(combos):
+        yield f"samples-kernel {vl}/{ll} ac={ac} {pm} C_h={32 - 4 * i}", torch.float32, dict(
+            value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, channels=32 - 4 * i,
+            forward_kernel="samples")
 
 
 def main(argv=None) -> int:
@@ -156,7 +176,7 @@ def main(argv=None) -> int:
     for i, (name, dtype, kwargs) in enumerate(cases()):
         rows.append(check_case(name, dtype, seed=i, **kwargs))
     rows.append(check_nonfinite())
-    rows.append(check_encoder_bf16())
+    rows.extend(check_encoder_bf16())
     if not args.skip_large:
         rows.append(check_int64())
         torch.cuda.empty_cache()

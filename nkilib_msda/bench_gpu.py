@@ -66,9 +66,10 @@ class Row:
     mode: str
     method: str
     us: float
-    err: float | None
+    err: float | None  # fwd: output; fwd+bwd: max over the three gradients
     bytes: int
     floor_us: float
+    err_detail: str = ""  # fwd+bwd: "gv/gl/ga" relative L2 errors
 
     @property
     def bandwidth_tbs(self) -> float:
@@ -217,7 +218,7 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
                 errs[name][mode] = relative_l2(out, ref[0])
             else:
                 grads = list(result)  # (grad_value, grad_loc, grad_attn) for every impl
-                errs[name][mode] = max(relative_l2(g, r) for g, r in zip(grads, ref[1:]))
+                errs[name][mode] = tuple(relative_l2(g, r) for g, r in zip(grads, ref[1:]))
     del ref
     torch.cuda.empty_cache()
     return errs
@@ -269,8 +270,11 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
                         except Exception as exc:  # report, keep going
                             log(f"{shape_name} {name} {dtype_name} {mode} {method}: failed ({exc})")
                             continue
-                        row = Row(shape_name, name, dtype_name, mode, method, us,
-                                  errs.get(name, {}).get(mode), nbytes, nbytes / copy_bw * 1e6)
+                        err = errs.get(name, {}).get(mode)
+                        detail = "/".join(f"{e:.1e}" for e in err) if isinstance(err, tuple) else ""
+                        err = max(err) if isinstance(err, tuple) else err
+                        row = Row(shape_name, name, dtype_name, mode, method, us, err, nbytes,
+                                  nbytes / copy_bw * 1e6, detail)
                         rows.append(row)
                         log(format_row(row))
             del inputs, found
@@ -278,12 +282,12 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
     return rows
 
 
-TABLE_HEADER = ("| shape | impl | dtype | mode | timing | µs | TB/s (compulsory) | ÷ floor | err vs fp64 |\n"
-                "|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = ("| shape | impl | dtype | mode | timing | µs | TB/s (compulsory) | ÷ floor | "
+                "err vs fp64 (out, or grad value/loc/attn) |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: Row) -> str:
-    err = "—" if r.err is None else f"{r.err:.1e}"
+    err = "—" if r.err is None else (r.err_detail or f"{r.err:.1e}")
     return (f"| {r.shape} | {r.impl} | {r.dtype} | {r.mode} | {r.method} | {r.us:.1f} | "
             f"{r.bandwidth_tbs:.2f} | {r.over_floor:.1f}× | {err} |")
 
@@ -319,14 +323,38 @@ def write_plot(rows: list[Row], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-FWD_SWEEP = ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8))
-BWD_SWEEP = ((8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))
+FWD_SWEEP = ((16, 2), (32, 4), (32, 8), (64, 8))
+SAMPLES_SWEEP = ((2, 2), (4, 2), (8, 4))
+BWD_SWEEP = ((8, 2), (16, 4))
+
+
+def _sweep_variants(dtype_name: str):
+    """(label, plan changes, backward compute or None for the forward)."""
+    from nkilib_msda.backends import triton_backend as tb
+
+    everything = (True, True, True)
+    for slowest in (True, False):
+        order = "head-slowest" if slowest else "head-fastest"
+        for bq, warps in FWD_SWEEP:
+            yield (f"fwd points  {order} block_q={bq:3d} warps={warps}",
+                   dict(forward=tb.KernelConfig(bq, warps), forward_kernel="points",
+                        head_slowest=slowest), None)
+        for bq, warps in BWD_SWEEP:
+            yield (f"bwd         {order} block_q={bq:3d} warps={warps}",
+                   dict(backward=tb.KernelConfig(bq, warps), head_slowest=slowest), everything)
+    for bq, warps in SAMPLES_SWEEP:
+        yield (f"fwd samples head-slowest block_q={bq:3d} warps={warps}",
+               dict(forward=tb.KernelConfig(bq, warps), forward_kernel="samples"), None)
+    yield "bwd default grad_value only", {}, (True, False, False)
+    yield "bwd default loc+attn only", {}, (False, True, True)
+    if dtype_name != "float32":
+        yield "bwd default native-dtype atomics", dict(grad_value_accumulator="native"), everything
 
 
 def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, log=print) -> None:
-    """Time forward/backward tile configurations of our kernels (tuning aid).
+    """Time tile configurations / program orders of our kernels (tuning aid).
 
-    ``shard=(i, n)`` runs every n-th task from i; ``compile_only`` runs each config once
+    ``shard=(i, n)`` runs every n-th task from i; ``compile_only`` runs each variant once
     (fills Triton's cache from parallel processes before a timing run).
     """
     import torch
@@ -342,27 +370,25 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, log=pri
             value, loc, attn, grad = inputs
             problem = validate_msda_args(value, shape.levels, None, loc, attn)
             base = tb.plan_launch(problem, dtype_name)
-            log(f"\nsweep {shape_name} {dtype_name} (default fwd {base.forward}, bwd {base.backward})")
-            accs = ("float32",) if dtype_name == "float32" else ("float32", "native")
-            variants = [("fwd", "-", cfg) for cfg in FWD_SWEEP]
-            variants += [("bwd", acc, cfg) for acc in accs for cfg in BWD_SWEEP]
-            for kind, acc, (bq, warps) in variants:
+            log(f"\nsweep {shape_name} {dtype_name} (default: {base})")
+            for label, changes, compute in _sweep_variants(dtype_name):
                 task += 1
                 if task % shard[1] != shard[0]:
                     continue
-                if kind == "fwd":
-                    plan = tb.with_configs(base, forward=tb.KernelConfig(bq, warps))
+                plan = tb.with_configs(base, **changes)
+                if compute is None:
                     fn = lambda: tb.msda_forward(value, problem, loc, attn, plan=plan)  # noqa: E731
                 else:
-                    plan = tb.with_configs(base, backward=tb.KernelConfig(bq, warps),
-                                           grad_value_accumulator=acc)
                     fn = lambda: tb.msda_backward(grad, value, problem, loc, attn,  # noqa: E731
-                                                  deterministic=False, plan=plan)
+                                                  compute=compute, deterministic=False, plan=plan)
                 if compile_only:
                     fn()
                     continue
                 us = time_fn(fn, shape.decoder, warmup, rep)
-                log(f"  {kind} acc={acc:7s} block_q={bq:4d} warps={warps}: {us:8.1f} µs")
+                log(f"  {label}: {us:8.1f} µs")
+            default_fwd = time_fn(lambda: tb.msda_forward(value, problem, loc, attn),
+                                  shape.decoder, warmup, rep) if not compile_only else 0.0
+            log(f"  default forward: {default_fwd:.1f} µs")
             del inputs
             torch.cuda.empty_cache()
     torch.cuda.synchronize()

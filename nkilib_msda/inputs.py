@@ -56,6 +56,7 @@ class ShapePreset:
 
 
 PRESETS: dict[str, ShapePreset] = {p.name: p for p in (
+    ShapePreset("tiny", 1, 130, 2, 8, 2, ((4, 5), (2, 3)), "tiny smoke test (ragged last query tile)"),
     ShapePreset("default", 1, 512, 8, 32, 4, ((32, 48), (16, 24), (8, 12), (4, 6)),
                 "Deformable-DETR-like encoder, 4 levels of a 128x192 image (laptop-sized)"),
     ShapePreset("upstream", 2, 256, 8, 32, 8, S4, "nkilib test default (S4 levels, 8 points)"),

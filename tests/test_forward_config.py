@@ -109,8 +109,19 @@ def test_reduce_groups_cover_every_column_once(heads, head_dim, points, levels):
 @pytest.mark.parametrize("cap,cols", [(None, 32), (128, 1), (1000, 7), (4096, 32), (1 << 20, 128)])
 def test_max_indices_per_indirect_caps_dma_columns(cap, cols):
     cfg = build_forward_config(problem(), "bfloat16", max_indices_per_indirect=cap)
-    assert cfg.dma_cols == min(cols, cfg.group_cols_max)
-    assert cfg.dma_cols * PARTITIONS <= (cap or 1 << 30)
+    assert cfg.stack == 4                                     # C_h = 32: 4 columns per PE transpose
+    assert cfg.dma_cols == min(cols * cfg.stack, cfg.group_cols_max)
+    assert cfg.dma_cols_per_instruction == min(cols, -(-cfg.group_cols_max // cfg.stack))
+    assert cfg.dma_cols_per_instruction * PARTITIONS <= (cap or 1 << 30)
+
+
+@pytest.mark.parametrize("head_dim,stack", [(8, 16), (32, 4), (48, 2), (64, 2), (65, 1), (256, 1)])
+def test_stacking_fills_the_partitions_of_a_pe_transpose(head_dim, stack):
+    cfg = build_forward_config(problem(head_dim=head_dim), "float16")
+    assert cfg.stack == stack and (stack == 1 or stack * head_dim <= PARTITIONS)
+    assert cfg.psum_cols % cfg.stack == 0 or cfg.psum_cols == cfg.group_cols_max
+    assert build_forward_config(problem(head_dim=head_dim), "float16",
+                                gather_method="copy").stack == 1
 
 
 def test_copy_path_uses_one_index_column_per_dma():

@@ -21,6 +21,10 @@ from nkilib_msda.validation import MSDAProblem
 
 __all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward"]
 
+# Gathered corner values held at once (B * q * N_h * N_l * N_p * 4 * C_h elements): queries are
+# processed in chunks below this, so memory stays bounded for encoder-size problems.
+_GATHER_ELEMENTS_PER_CHUNK = 1 << 22
+
 
 def is_available() -> bool:
     """The reference backend works wherever torch does."""
@@ -157,14 +161,13 @@ class _Terms:
     d_dv: torch.Tensor
 
 
-def _terms(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.Tensor,
-           dtype: torch.dtype) -> _Terms:
+def _terms(problem: MSDAProblem, u: torch.Tensor, v: torch.Tensor) -> _Terms:
+    """Bilinear terms for normalized coordinates ``u``, ``v`` of shape (B, q, N_h, N_l, N_p)."""
     p = problem
-    device = value.device
+    device, dtype = u.device, u.dtype
     heights = torch.tensor([h for h, _ in p.spatial_shapes], dtype=dtype, device=device)[:, None]
     widths = torch.tensor([w for _, w in p.spatial_shapes], dtype=dtype, device=device)[:, None]
     starts = torch.tensor(p.level_start_index, dtype=torch.int64, device=device)[:, None]
-    u, v = _locations_xy(sampling_locations, p, dtype)
     ax = _axis(u, widths, p.align_corners, p.padding_mode)
     ay = _axis(v, heights, p.align_corners, p.padding_mode)
 
@@ -187,6 +190,14 @@ def _terms(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.
                   d_du=gx * ax.deriv[..., None], d_dv=gy * ay.deriv[..., None])
 
 
+def _query_chunks(problem: MSDAProblem) -> list[slice]:
+    """Query ranges whose gathered corner values stay below ``_GATHER_ELEMENTS_PER_CHUNK``."""
+    p = problem
+    per_query = p.batch * p.num_heads * p.num_levels * p.num_points * 4 * p.head_dim
+    step = max(1, _GATHER_ELEMENTS_PER_CHUNK // per_query)
+    return [slice(q0, min(q0 + step, p.num_queries)) for q0 in range(0, p.num_queries, step)]
+
+
 def _gather(value_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(…, 4) row indices -> (…, 4, C_h) value rows."""
     return value_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, value_rows.shape[-1])
@@ -200,10 +211,16 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
     """Output (B, N_q, N_h*C_h) in value's dtype."""
     p = problem
     dtype = _compute_dtype(value, sampling_locations, attention_weights)
-    terms = _terms(value, p, sampling_locations, dtype)
-    coef = terms.weights * attention_weights.to(dtype)[..., None]  # (B,Q,H,Nl,P,4)
-    sampled = _gather(_value_rows(value, p, dtype), terms.rows)  # (B,Q,H,Nl,P,4,C)
-    out = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
+    u, v = _locations_xy(sampling_locations, p, dtype)
+    attn = attention_weights.to(dtype)
+    value_rows = _value_rows(value, p, dtype)
+    out = torch.empty(p.batch, p.num_queries, p.num_heads, p.head_dim, dtype=dtype,
+                      device=value.device)
+    for qs in _query_chunks(p):
+        terms = _terms(p, u[:, qs], v[:, qs])
+        coef = terms.weights * attn[:, qs, ..., None]  # (B, q, H, Nl, P, 4)
+        sampled = _gather(value_rows, terms.rows)  # (B, q, H, Nl, P, 4, C)
+        out[:, qs] = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
     return out.reshape(p.output_shape).to(value.dtype)
 
 
@@ -219,25 +236,29 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     p = problem
     want_value, want_loc, want_attn = compute
     dtype = _compute_dtype(value, sampling_locations, attention_weights, grad_output)
-    terms = _terms(value, p, sampling_locations, dtype)
+    u, v = _locations_xy(sampling_locations, p, dtype)
     attn = attention_weights.to(dtype)
     grad = grad_output.to(dtype).reshape(p.batch, p.num_queries, p.num_heads, p.head_dim)
     value_rows = _value_rows(value, p, dtype)
-
     grad_value = torch.zeros_like(value_rows)
-    if want_value:
-        contrib = (terms.weights * attn[..., None])[..., None] * grad[:, :, :, None, None, None, :]
-        grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
-
-    grad_loc = torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device)
-    grad_attn = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)
-    if want_loc or want_attn:
-        sampled = _gather(value_rows, terms.rows)
-        dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, grad)  # <g, V[row_c]>
-        if want_attn:
-            grad_attn = (terms.weights * dots).sum(-1)
-        if want_loc:
-            grad_u = attn * (terms.d_du * dots).sum(-1)
-            grad_v = attn * (terms.d_dv * dots).sum(-1)
-            grad_loc = _to_location_layout(grad_u, grad_v, p)
+    grad_u = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)
+    grad_v = torch.zeros_like(grad_u)
+    grad_attn = torch.zeros_like(grad_u)
+    for qs in _query_chunks(p):
+        terms = _terms(p, u[:, qs], v[:, qs])
+        g = grad[:, qs]
+        if want_value:
+            coef = terms.weights * attn[:, qs, ..., None]
+            contrib = coef[..., None] * g[:, :, :, None, None, None, :]
+            grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
+        if want_loc or want_attn:
+            sampled = _gather(value_rows, terms.rows)
+            dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g)  # <g, V[row_c]>
+            if want_attn:
+                grad_attn[:, qs] = (terms.weights * dots).sum(-1)
+            if want_loc:
+                grad_u[:, qs] = attn[:, qs] * (terms.d_du * dots).sum(-1)
+                grad_v[:, qs] = attn[:, qs] * (terms.d_dv * dots).sum(-1)
+    grad_loc = (_to_location_layout(grad_u, grad_v, p) if want_loc
+                else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
     return _rows_to_value_layout(grad_value, p), grad_loc, grad_attn

@@ -27,14 +27,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def is_available() -> bool:
-    """True when triton imports and there is a CUDA device (or the Triton interpreter is on)."""
+@functools.lru_cache(maxsize=1)
+def _triton_and_device() -> bool:
     try:
         import torch
         import triton  # noqa: F401
     except ImportError:
         return False
-    return bool(torch.cuda.is_available() or _interpreting())
+    return bool(torch.cuda.is_available())
+
+
+def is_available() -> bool:
+    """True when triton imports and there is a CUDA device (or the Triton interpreter is on)."""
+    if _interpreting():
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return True
+    return _triton_and_device()
 
 
 def unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
@@ -82,6 +93,8 @@ class LaunchPlan:
     block_c: int
     index64: bool
     grad_value_accumulator: str  # "float32" scratch, or "native" (atomics in the value dtype)
+    forward_kernel: str = "points"  # "points": loop over (l, p); "samples": all samples at once
+    head_slowest: bool = True  # program order: all resident programs share one (head, batch)
     rows_block: int = 32  # deterministic reduce: value rows per program
     rows_warps: int = 4
 
@@ -99,11 +112,11 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _pick_block_q(problem: MSDAProblem, preferred: int, block_c: int, sm_count: int) -> int:
+def _pick_block_q(problem: MSDAProblem, preferred: int, sm_count: int, minimum: int = 8) -> int:
     """Largest query block <= preferred that still gives >= 2 programs per SM (decoders)."""
     groups = problem.batch * problem.num_heads
     block_q = max(1, min(preferred, _next_pow2(problem.num_queries)))
-    while block_q > 8 and groups * -(-problem.num_queries // block_q) < 2 * sm_count:
+    while block_q > minimum and groups * -(-problem.num_queries // block_q) < 2 * sm_count:
         block_q //= 2
     return block_q
 
@@ -118,23 +131,33 @@ def needs_int64(problem: MSDAProblem) -> bool:
     return largest > _INT32_MAX
 
 
+@functools.lru_cache(maxsize=256)
 def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -> LaunchPlan:
-    """Tiles chosen from the problem (measured on an H200; see benchmarks/RESULTS.md)."""
+    """Tiles chosen from the problem; the rules come from sweeps on an H200
+    (benchmarks/RESULTS.md): one 16-byte vector per thread per corner in the forward, 4
+    elements per thread in the backward, head-slowest program order, and for small (decoder)
+    problems the all-samples forward with 4 queries per program."""
     block_c = _next_pow2(problem.head_dim)
+    block_s = _next_pow2(problem.num_levels * problem.num_points)
     sm_count = _sm_count(device_index)
-    # Keep a corner tile near 1-2 K elements so four of them stay in registers.
-    fwd_pref = max(8, min(64, 2048 // block_c))
-    bwd_pref = max(8, min(32, 512 // block_c))
-    fwd_q = _pick_block_q(problem, fwd_pref, block_c, sm_count)
-    bwd_q = _pick_block_q(problem, bwd_pref, block_c, sm_count)
-    fwd_warps = 4 if fwd_q * block_c >= 1024 else 2
-    bwd_warps = 4 if bwd_q * block_c >= 512 else 2
+    # One 16-byte vector per thread per gathered corner: 8 bf16/fp16 or 4 fp32 elements.
+    vector = 4 if value_dtype in ("float32", "torch.float32") else 8
+    fwd_warps = 8 if vector == 4 else 4
+    fwd_q = _pick_block_q(problem, max(8, min(128, vector * 32 * fwd_warps // block_c)), sm_count)
+    forward_kernel = "points"
+    groups = problem.batch * problem.num_heads
+    if groups * -(-problem.num_queries // fwd_q) < 4 * sm_count and block_s * block_c <= 1024:
+        forward_kernel = "samples"  # decoders: few queries, put every sample's loads in flight
+        fwd_q, fwd_warps = max(1, min(4, 2048 // (block_s * block_c))), 2
+    bwd_q = _pick_block_q(problem, max(1, 256 // block_c), sm_count, minimum=1)
+    bwd_warps = 2 if bwd_q * block_c <= 512 else 4
     return LaunchPlan(
         forward=KernelConfig(fwd_q, fwd_warps),
         backward=KernelConfig(bwd_q, bwd_warps),
         block_c=block_c,
         index64=needs_int64(problem),
         grad_value_accumulator="float32",
+        forward_kernel=forward_kernel,
     )
 
 
@@ -157,7 +180,7 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
         NUM_POINTS=problem.num_points, VALUE_BNLC=problem.value_layout == "BNLC",
         LOC_B2QHLP=problem.sampling_locations_layout == "B2QHLP",
         ALIGN_CORNERS=bool(problem.align_corners), BORDER=problem.padding_mode == "border",
-        INDEX64=plan.index64, BLOCK_C=plan.block_c)
+        INDEX64=plan.index64, BLOCK_C=plan.block_c, HEAD_SLOWEST=plan.head_slowest)
 
 
 def _resolve_deterministic(deterministic: bool | None) -> bool:
@@ -186,7 +209,8 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
     import torch
     import triton
 
-    from nkilib_msda.backends.triton_kernels.forward import msda_forward_kernel
+    from nkilib_msda.backends.triton_kernels.forward import (
+        msda_forward_kernel, msda_forward_samples_kernel)
 
     _check_problem(problem, value, sampling_locations)
     plan = plan or plan_launch(problem, dtype_name(value.dtype), value.device.index or 0)
@@ -198,11 +222,16 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
     cfg = plan.forward
     n_blocks = triton.cdiv(problem.num_queries, cfg.block_q)
     grid = (problem.batch * problem.num_heads * n_blocks,)
-    msda_forward_kernel[grid](
+    extra = {}
+    kernel = msda_forward_kernel
+    if plan.forward_kernel == "samples":
+        kernel = msda_forward_samples_kernel
+        extra["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
+    kernel[grid](
         value, sampling_locations, attention_weights, out, shapes, starts,
-        problem.num_queries, problem.total_pixels, n_blocks,
+        problem.num_queries, problem.total_pixels, n_blocks, problem.batch,
         BLOCK_Q=cfg.block_q, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_static_args(problem, plan))
+        **extra, **_static_args(problem, plan))
     return out
 
 
@@ -263,7 +292,7 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
         msda_backward_kernel[grid](
             grad_output, value, sampling_locations, attention_weights, shapes, starts,
             accumulator, grad_loc, grad_attn, keys, coefs,
-            problem.num_queries, problem.total_pixels, n_blocks, num_rows,
+            problem.num_queries, problem.total_pixels, n_blocks, problem.batch, num_rows,
             COMPUTE_VALUE=want_value, COMPUTE_LOC=want_loc, COMPUTE_ATTN=want_attn,
             DETERMINISTIC=deterministic, BLOCK_Q=cfg.block_q, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **_static_args(problem, plan))

@@ -95,7 +95,7 @@ def _reference_forward(values: Tensor, w: Tensor, gamma: Tensor | None, scale: f
     else:
         rms = values.new_empty((0,), dtype=cd)
     alpha = torch.softmax(z, dim=-1)
-    h = torch.einsum("btl,lbtd->btd", alpha, v).to(values.dtype)
+    h = torch.einsum("btl,lbtd->btd", alpha, v).to(values.dtype).contiguous()
     return h, rms, alpha.contiguous()
 
 
@@ -124,7 +124,7 @@ def _reference_backward(grad_h: Tensor, values: Tensor, w: Tensor, alpha: Tensor
     else:
         grad_w = (scale * beta).to(w.dtype)
         grad_gamma = w.new_empty((0,))
-    return dv.to(values.dtype), grad_w, grad_gamma
+    return dv.to(values.dtype).contiguous(), grad_w, grad_gamma
 
 
 # ---------------------------------------------------------------- nki backend

@@ -72,7 +72,9 @@ def _why_not(name: str, problem: MSDAProblem, value: torch.Tensor,
         module = get_backend(name)
     except BackendUnavailableError as exc:
         return str(exc), True
-    if not module.is_available():
+    # is_available() may import the backend's dependencies, which torch.compile cannot trace;
+    # while compiling, an unavailable backend fails in the operator instead.
+    if not torch.compiler.is_compiling() and not module.is_available():
         return f"backend {name!r} is not available in this environment", True
     return module.unsupported_reason(problem, value, sampling_locations), False
 

@@ -7,16 +7,20 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from nkilib_msda.backends import get_backend
+from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops
 from nkilib_msda.pytorch.dispatch import NEURON_DEVICE_TYPES, select_backend
 from nkilib_msda.validation import MSDAProblem, validate_msda_args
 
 __all__ = ["multi_scale_deformable_attention", "validate_torch_args"]
 
-# Import the always-present backend now, so the first call under torch.compile(fullgraph=True)
-# does not have to import it while tracing.
-get_backend("reference")
+# Import the backend modules now (they import their heavy dependencies lazily), so that a first
+# call under torch.compile(fullgraph=True) does not have to import them while tracing.
+for _name in BACKEND_NAMES:
+    try:
+        get_backend(_name)
+    except BackendUnavailableError:
+        pass
 
 
 def validate_torch_args(value: Any, spatial_shapes: Any, level_start_index: Any,

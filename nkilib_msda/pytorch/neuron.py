@@ -132,13 +132,15 @@ class NativeNeuronOps:
     """Forward/backward ``nki_op``s over ``wrap_nki`` kernels, with ``register_autograd``.
 
     ``nki_op`` and ``wrap_nki`` default to ``torch_neuronx``'s; ``kernels`` to the package's
-    ``(forward, backward)`` NKI kernels. ``namespace`` must be unique per instance (operator
-    names are global).
+    ``(forward, backward)`` NKI kernels; ``lnc`` (default ``NEURON_LOGICAL_NC_CONFIG``, else 2)
+    launches ``wrapped[lnc](...)`` when above 1. ``namespace`` must be unique per instance
+    (operator names are global).
     """
 
     def __init__(self, nki_op: Callable[..., Any] | None = None,
                  wrap_nki: Callable[[Any], Callable[..., Any]] | None = None,
-                 kernels: tuple[Any, Any] | None = None, namespace: str = "nkilib_msda_neuron"):
+                 kernels: tuple[Any, Any] | None = None, namespace: str = "nkilib_msda_neuron",
+                 lnc: int | None = None):
         if nki_op is None or wrap_nki is None:
             from torch_neuronx import nki_op as neuron_nki_op  # type: ignore[import-not-found]
             from torch_neuronx import wrap_nki as neuron_wrap_nki  # type: ignore[import-not-found]
@@ -146,8 +148,11 @@ class NativeNeuronOps:
             nki_op = nki_op or neuron_nki_op
             wrap_nki = wrap_nki or neuron_wrap_nki
         forward_kernel, backward_kernel = kernels or _raw_kernels()
-        self.forward_op = _define_forward_op(nki_op, wrap_nki(forward_kernel), namespace)
-        self.backward_op = _define_backward_op(nki_op, wrap_nki(backward_kernel), namespace)
+        degree = lnc if lnc is not None else _device_lnc()
+        self.forward_op = _define_forward_op(
+            nki_op, _launch(wrap_nki(forward_kernel), degree), namespace)
+        self.backward_op = _define_backward_op(
+            nki_op, _launch(wrap_nki(backward_kernel), degree), namespace)
         self.forward_op.register_autograd(self._backward, setup_context=self._setup_context)
 
     def __call__(self, value: Tensor, problem: MSDAProblem, sampling_locations: Tensor,

@@ -41,6 +41,15 @@ def problem_from_op_args(value: Tensor, spatial_shapes: list[int], level_start_i
         grad_output=grad_output)
 
 
+def _backend_module(backend: str, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor):
+    """The backend module, after checking it can run ``problem`` (direct op calls skip dispatch)."""
+    module = get_backend(backend)
+    reason = module.unsupported_reason(problem, value, sampling_locations)
+    if reason is not None:
+        raise ValueError(f"backend={backend!r} cannot run this call: {reason}")
+    return module
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -61,7 +70,8 @@ def ms_deformable_attention(
     problem = problem_from_op_args(value, spatial_shapes, level_start_index, sampling_locations,
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode)
-    out = get_backend(backend).msda_forward(value, problem, sampling_locations, attention_weights)
+    module = _backend_module(backend, problem, value, sampling_locations)
+    out = module.msda_forward(value, problem, sampling_locations, attention_weights)
     return out.to(value.dtype).contiguous()
 
 
@@ -111,8 +121,9 @@ def ms_deformable_attention_bwd(
                                    align_corners, padding_mode, grad_output=grad_output)
     flags = tuple(bool(c) for c in compute)
     if any(flags):
-        grads = get_backend(backend).msda_backward(
-            grad_output, value, problem, sampling_locations, attention_weights, flags)
+        module = _backend_module(backend, problem, value, sampling_locations)
+        grads = module.msda_backward(grad_output, value, problem, sampling_locations,
+                                     attention_weights, flags)
     else:
         grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                  torch.zeros_like(attention_weights))

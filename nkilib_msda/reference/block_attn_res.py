@@ -65,7 +65,7 @@ def block_attn_res_ref(blocks: Sequence[Any], proj_weight: Any, partial_block: A
     gamma = None if rmsnorm_gamma is None else _f64(rmsnorm_gamma)
     z, r, _, _ = _scores(v, w, gamma, float(scale), float(rmsnorm_eps), enable_rmsnorm)
     alpha = _softmax(z)
-    h = np.einsum("btl,btld->btd", alpha, v)
+    h = np.matmul(alpha[..., None, :], v)[..., 0, :]
     return h, (None if r is None else r[..., None]), alpha
 
 
@@ -87,19 +87,19 @@ def block_attn_res_backward_ref(grad_h: Any, blocks: Sequence[Any], proj_weight:
     s = float(scale)
     z, r, x_hat, u = _scores(v, w, gamma, s, float(rmsnorm_eps), enable_rmsnorm)
     alpha = _softmax(z)
-    d_alpha = np.einsum("btd,btld->btl", dh, v)
+    d_alpha = np.matmul(v, dh[..., None])[..., 0]
     g = alpha * (d_alpha - np.sum(alpha * d_alpha, axis=-1, keepdims=True))  # dLoss/dz
     dv = alpha[..., None] * dh[:, :, None, :]
     grad_gamma = None
     if enable_rmsnorm:
         dim = v.shape[-1]
         dv += (g / r)[..., None] * (u - x_hat * z[..., None] / dim)
-        beta = np.einsum("btl,btld->d", g, x_hat)
+        beta = np.tensordot(g, x_hat, axes=3)
         grad_w = s * gamma * beta
         grad_gamma = s * w * beta
     else:
         dv += g[..., None] * u
-        grad_w = s * np.einsum("btl,btld->d", g, v)
+        grad_w = s * np.tensordot(g, v, axes=3)
     n_blocks = len(blocks)
     grad_blocks = [dv[:, :, i, :] for i in range(n_blocks)]
     grad_partial = dv[:, :, n_blocks, :] if partial_block is not None else None

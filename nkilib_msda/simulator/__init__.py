@@ -16,7 +16,18 @@ from nkilib_msda.simulator.tensor import NkiTensor
 
 __version__ = "0.5-emulator"
 
+class _TensorAnnotation:
+    """``nki.typing.tensor[shape]`` / ``nki.typing.tensor[shape, dtype]``: annotation only."""
+
+    def __class_getitem__(cls, item: object) -> type:
+        return cls
+
+
+typing = types.ModuleType("nki.typing", "Annotation helpers (nki.typing.tensor[shape]).")
+typing.tensor = _TensorAnnotation
+
 nki = types.ModuleType("nki", "Emulated nki namespace (jit, language, isa, simulate).")
+nki.typing = typing
 nki.jit = jit
 nki.language = nl
 nki.isa = nisa

@@ -40,20 +40,31 @@ def check_initialised(storage: Storage, addr: Any, itemsize: int, instruction: s
                       what: str = "") -> None:
     """Raise if any element at ``addr`` (int array or slice, elements of ``itemsize``) was
     never written."""
+    if storage.fully_initialised:
+        return
     view_dtype, full = _MASK_VIEW[itemsize]
     flags = storage.init.view(view_dtype)[addr]
     # Each mask byte is 0 or 1, so the minimum equals ``full`` iff every byte is set.
     if flags.size and flags.min() != full:
-        bad = int(np.count_nonzero(flags != full))
-        raise nki_error(instruction, "uninitialized read",
-                        f"{bad} of {flags.size} elements read from {what or storage.name or 'a tensor'}"
-                        f" ({storage.buffer}) were never written (allocations are uninitialised)")
+        _raise_uninitialised(storage, flags, full, instruction, what)
+
+
+def _raise_uninitialised(storage: Storage, flags: np.ndarray, full: int, instruction: str,
+                         what: str) -> None:
+    bad = int(np.count_nonzero(flags != full))
+    raise nki_error(instruction, "uninitialized read",
+                    f"{bad} of {flags.size} elements read from {what or storage.name or 'a tensor'}"
+                    f" ({storage.buffer}) were never written (allocations are uninitialised)")
 
 
 def mark_initialised(storage: Storage, addr: Any, itemsize: int) -> None:
+    storage.written = True
+    if storage.fully_initialised:
+        return
     view_dtype, full = _MASK_VIEW[itemsize]
     storage.init.view(view_dtype)[addr] = full
-    storage.written = True
+    if isinstance(addr, slice) and addr.start == 0 and addr.stop * itemsize >= storage.nbytes:
+        storage.fully_initialised = True  # later checks on this storage are free
 
 
 def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
@@ -65,16 +76,38 @@ def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
     return values.copy() if isinstance(addr, slice) else values
 
 
-def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any) -> None:
+def check_writable(storage: Storage, instruction: str = "write") -> None:
+    """Writes to a read-only storage (a ``fori_loop`` induction register) are rejected."""
+    if storage.read_only is not None:
+        raise nki_error(instruction, storage.read_only,
+                        f"{storage.name or 'this register'} is read-only: the loop induction "
+                        "register of nl.fori_loop cannot be written by the kernel")
+
+
+def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any,
+              instruction: str = "write") -> None:
     """Store ``values`` (already cast) at ``addr``; marks them initialised."""
+    if storage.read_only is not None:
+        check_writable(storage, instruction)
     storage.data.view(dtype.np)[addr] = values
     mark_initialised(storage, addr, dtype.itemsize)
 
 
 def read(t: Any, instruction: str) -> np.ndarray:
-    """Values of a static view, shape ``t.shape``, dtype ``t.dtype.np``."""
+    """Values of a static view, shape ``t.shape``, dtype ``t.dtype.np`` (a new array)."""
     t = require_tensor(t, instruction)
-    return read_raw(t.storage, t.flat_index(), t.dtype, instruction, t.name).reshape(t.shape)
+    flat = t.run_slice()
+    if flat is not None:
+        return read_raw(t.storage, flat, t.dtype, instruction, t.name).reshape(t.shape)
+    # Strided views read through NumPy strides (no address arrays): same elements.
+    storage = t.storage
+    itemsize = t.dtype.itemsize
+    if not storage.fully_initialised:
+        mask_dtype, full = _MASK_VIEW[itemsize]
+        flags = t.np_view(storage.init, mask_dtype, itemsize)
+        if flags.size and flags.min() != full:
+            _raise_uninitialised(storage, flags, full, instruction, t.name)
+    return t.np_view(storage.data, t.dtype.np, itemsize).copy()
 
 
 def read_f32(t: Any, instruction: str) -> np.ndarray:
@@ -91,13 +124,25 @@ def write(t: Any, values: Any, instruction: str) -> None:
         raise nki_error(instruction, "element count",
                         f"writing {values.size} values into {t.name or 'dst'} of shape {t.shape}")
     cast = cast_values(values, t.dtype).reshape(-1)
-    if not isinstance(t.flat_index(), slice) and may_overlap(t.shape, t.strides):
+    flat = t.run_slice()
+    if flat is not None:
+        write_raw(t.storage, flat, cast, t.dtype, instruction)
+        return
+    check_writable(t.storage, instruction)
+    if may_overlap(t.shape, t.strides):
         addr = t.addresses().reshape(-1)
         if np.unique(addr).size != addr.size:
             raise nki_error(instruction, "overlapping destination",
                             "the destination view writes some elements more than once "
                             "(stride-0 / broadcast or overlapping pattern)")
-    write_raw(t.storage, t.flat_index(), cast, t.dtype)
+    # Strided destinations are written through NumPy strides (no address arrays).
+    storage = t.storage
+    itemsize = t.dtype.itemsize
+    t.np_view(storage.data, t.dtype.np, itemsize)[...] = cast.reshape(t.shape)
+    storage.written = True
+    if not storage.fully_initialised:
+        mask_dtype, full = _MASK_VIEW[itemsize]
+        t.np_view(storage.init, mask_dtype, itemsize)[...] = full
 
 
 def may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -123,7 +168,8 @@ def partition_info(t: Any) -> tuple[int, int, int]:
 
 def check_compute_partitions(instruction: str, *tensors: Any) -> None:
     """Compute-engine partition rule (nki-subset.md §7a.1-2): <= 128 partitions, and the
-    start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32)."""
+    start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32); and at
+    most ``MAX_COMPUTE_FREE_LEVELS`` free access-pattern levels (§3, §7a.4)."""
     for t in tensors:
         if t is None:
             continue
@@ -135,12 +181,38 @@ def check_compute_partitions(instruction: str, *tensors: Any) -> None:
         start, num, _ = partition_info(t)
         if num > MAX_PARTITIONS:
             raise nki_error(instruction, "partition limit", f"{num} partitions > {MAX_PARTITIONS}")
+        levels = free_levels(t) if len(t.shape) > 2 else 1
+        if levels > MAX_COMPUTE_FREE_LEVELS:
+            raise nki_error(instruction, "free levels",
+                            f"{t.name or 'operand'} {t.shape} (strides {t.strides}) needs {levels} "
+                            f"free access-pattern levels after merging contiguous dims; compute "
+                            f"instructions take at most {MAX_COMPUTE_FREE_LEVELS} (copy it to a "
+                            "contiguous tile first)")
         limit = {0: 128, 32: 32, 64: 64, 96: 32}.get(start)
         if limit is None or num > limit:
             raise nki_error(instruction, "start partition",
                             f"Invalid access of {num} partitions starting at partition {start} "
                             f"({t.name}): allowed starts are 0 (<=128), 32 (<=32), 64 (<=64), "
                             "96 (<=32)")
+
+
+MAX_COMPUTE_FREE_LEVELS = 3  # "hardware allows <= 4 free levels, most instructions <= 3"
+
+
+def free_levels(t: NkiTensor) -> int:
+    """Free access-pattern levels of an on-chip view once size-1 dims are dropped and
+    row-major contiguous neighbours merged (what an instruction's access pattern needs)."""
+    levels = 0
+    inner = None  # (count, stride) of the last merged level
+    for n, s in zip(reversed(t.shape[1:]), reversed(t.strides[1:])):
+        if n == 1:
+            continue
+        if inner is not None and s == inner[1] * inner[0]:
+            inner = (inner[0] * n, inner[1])
+            continue
+        levels += 1
+        inner = (n, s)
+    return levels
 
 
 def check_same_shape_per_partition(instruction: str, *tensors: Any) -> None:
@@ -184,8 +256,11 @@ def assign(dst: NkiTensor, value: Any, instruction: str) -> None:
     """``view[...] = tile``: copy with cast. On-chip to on-chip runs as a Vector
     tensor_copy (compute rules apply); anything touching HBM runs as a direct dma_copy."""
     from nkilib_msda.simulator.context import current
+    from nkilib_msda.simulator.isa._operands import clear_matmul_flags
 
     ctx = current()
+    if dst.buffer == "psum":  # a copy/memset into PSUM is not a matmul start (accumulate=True after it is UB)
+        clear_matmul_flags(dst)
     if isinstance(value, NkiTensor):
         if dst.is_on_chip and value.is_on_chip:
             check_compute_partitions(instruction, dst, value)

@@ -9,11 +9,11 @@ its first barrier, then program 1, ...). This is functionally exact for race-fre
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nkilib_msda.simulator.errors import NkiError, nki_error
+from nkilib_msda.simulator.memory import MemoryTracker
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.targets import Target
 
@@ -29,51 +29,24 @@ class SimOptions:
 
     duplicate_scatter: "error" (default) raises on duplicate indices in one scatter or
     scatter-RMW; "last_writer_wins" emulates the hardware race (one write survives).
-    barrier_timeout_s: how long a program waits at core_barrier before declaring a deadlock.
+    barrier_timeout_s: optional wall-clock limit for a program waiting at core_barrier. A
+    deadlock (the other program ends without reaching the barrier) is detected exactly without
+    it, since programs hand over cooperatively; None (default) waits as long as the other
+    program keeps running.
+    source_rules / is_operator: "error", "warn" or "off" for the kernel-source rules
+    (source_rules.py): neuronxcc imports and nl.divide/mod/fmod, and `is` comparisons.
     """
 
     duplicate_scatter: str = "error"
-    barrier_timeout_s: float = 60.0
-
-
-class MemoryTracker:
-    """Live SBUF/PSUM bytes per partition of one program, with the target's limits."""
-
-    def __init__(self, target: Target, report: CostReport) -> None:
-        self.target = target
-        self.report = report
-        self.live = {"sbuf": 0, "psum": 0}
-        self._lock = threading.Lock()
-
-    def limit(self, buffer: str) -> int:
-        if buffer == "sbuf":
-            return self.target.usable_sbuf_bytes_per_partition
-        return self.target.psum_bytes_per_partition
-
-    def allocate(self, owner: object, buffer: str, bytes_per_partition: int,
-                 instruction: str) -> None:
-        """Reserve ``bytes_per_partition`` until ``owner`` is garbage collected."""
-        with self._lock:
-            new_live = self.live[buffer] + bytes_per_partition
-            if new_live > self.limit(buffer):
-                raise nki_error(
-                    instruction, f"{buffer.upper()} capacity",
-                    f"allocating {bytes_per_partition} B/partition would bring live {buffer} to "
-                    f"{new_live} B/partition, over the {self.target.name} budget of "
-                    f"{self.limit(buffer)} B/partition")
-            self.live[buffer] = new_live
-            self.report.note_memory(self.live["sbuf"], self.live["psum"])
-        weakref.finalize(owner, self._release, buffer, bytes_per_partition)
-
-    def _release(self, buffer: str, nbytes: int) -> None:
-        with self._lock:
-            self.live[buffer] -= nbytes
+    barrier_timeout_s: float | None = None
+    source_rules: str = "error"
+    is_operator: str = "warn"
 
 
 class ProgramScheduler:
     """Runs one program at a time; hands over at core_barrier and at program end."""
 
-    def __init__(self, num_programs: int, timeout_s: float) -> None:
+    def __init__(self, num_programs: int, timeout_s: float | None) -> None:
         self.n = num_programs
         self.timeout_s = timeout_s
         self.cv = threading.Condition()

@@ -23,6 +23,7 @@ from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, S
 from nkilib_msda.simulator.dtypes import to_nki_dtype
 from nkilib_msda.simulator.errors import NkiError, nki_error
 from nkilib_msda.simulator.report import CostReport
+from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
@@ -133,6 +134,7 @@ class _Inputs:
             flat = flat.astype(dt.np)
         storage.data.view(dt.np)[: flat.size] = flat
         storage.init[: storage.nbytes] = 1
+        storage.fully_initialised = True
         tensor = NkiTensor(storage, dt, shape, name=where)
         self.by_id[id(arr)] = (arr, storage, tensor)
         return tensor
@@ -210,6 +212,7 @@ class _Runner:
             raise nki_error("simulate", "nested simulate", "simulate() cannot run inside a kernel")
         func = self.kernel.func
         sig = _check_signature(func)
+        check_kernel_source(func, self.options.source_rules, self.options.is_operator)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -261,7 +264,7 @@ class _Runner:
         arrays = [_to_numpy(t, i) for i, t in enumerate(tensors)]
         inputs.write_back()
         report = CostReport.merged(ctx.report for ctx in contexts)
-        report.programs = [ctx.report for ctx in contexts]  # type: ignore[attr-defined]
+        report.programs = [ctx.report for ctx in contexts]
         if is_none:
             return (report,) if self.want_report else None
         if is_tuple:
@@ -274,7 +277,9 @@ def _is_abort(exc: BaseException) -> bool:
 
 
 def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
-             duplicate_scatter: str = "error", barrier_timeout_s: float = 60.0) -> Callable[..., Any]:
+             duplicate_scatter: str = "error",
+             barrier_timeout_s: float | None = None, source_rules: str = "error",
+             is_operator: str = "warn") -> Callable[..., Any]:
     """``simulate(kernel, lnc=1, target="trn2", report=False)(*args, **kwargs)``.
 
     - lnc: 1 or 2 logical-core programs (default: the kernel's ``kernel[lnc]``, else 1).
@@ -283,6 +288,9 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
     - target: "trn2" (default, or NEURON_PLATFORM_TARGET_OVERRIDE) or "trn3".
     - report: also return a :class:`CostReport` as the last element.
     - duplicate_scatter: "error" (default) or "last_writer_wins" (emulate the race).
+    - source_rules: "error" (default), "warn" or "off" for the AST rules on the kernel's code
+      (no neuronxcc imports, no nl.divide/mod/fmod); is_operator: the same for `is` / `is not`
+      comparisons (default "warn", see source_rules.py).
     """
     if not isinstance(kernel, JitKernel):
         if not callable(kernel):
@@ -297,5 +305,9 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
         raise ValueError(f"simulate: lnc={lnc} contradicts kernel[{kernel.lnc}]")
     degree = lnc or kernel.lnc or 1
     ndim = 1 if (lnc is not None or kernel.lnc is not None) else 0
-    options = SimOptions(duplicate_scatter=duplicate_scatter, barrier_timeout_s=barrier_timeout_s)
+    for arg, mode in (("source_rules", source_rules), ("is_operator", is_operator)):
+        if mode not in SOURCE_RULE_MODES:
+            raise ValueError(f"simulate: {arg} must be one of {SOURCE_RULE_MODES}, got {mode!r}")
+    options = SimOptions(duplicate_scatter=duplicate_scatter, barrier_timeout_s=barrier_timeout_s,
+                         source_rules=source_rules, is_operator=is_operator)
     return _Runner(kernel, degree, ndim, target, report, options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +28,7 @@ _OWN = [
     "ndarray", "zeros", "ones", "full", "zeros_like", "empty_like", "shared_constant",
     "shared_identity_matrix", "program_id", "num_programs", "program_ndim", "tile_size", "ds",
     "range", "affine_range", "sequential_range", "static_range", "device_print", "no_reorder",
-    "NKIObject", "load", "store", "NkiTensor",
+    "NKIObject", "load", "store", "NkiTensor", "fori_loop",
 ]
 __all__ = _OWN + [n for n in _alu_all if n not in _OWN]
 
@@ -256,6 +256,27 @@ def range(*args: int) -> builtins.range:  # noqa: A001 - NKI name
 affine_range = range
 sequential_range = range
 static_range = range
+
+
+def fori_loop(lo: int, hi: int, body: Any, step: int = 1) -> None:
+    """Runtime loop: ``body(reg)`` for ``reg`` = lo, lo+step, ... < hi, where ``reg`` is a
+    read-only (1, 1) int32 register (usable as ``.ap(scalar_offset=reg)``). Writing the
+    induction register is undefined behaviour and raises NkiError "loop induction register".
+    Emulated eagerly, one iteration after the other (the body is a Python callable)."""
+    ctx = current()
+    for v, n in ((lo, "lo"), (hi, "hi"), (step, "step")):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise nki_error("fori_loop", n, f"{n} must be an int, got {type(v).__name__}")
+    if step == 0:
+        raise nki_error("fori_loop", "step", "step must be non-zero")
+    storage = Storage("sbuf", 4, partitions=1, bytes_per_partition=4, name="fori_loop register",
+                      program_id=ctx.program_id)
+    storage.read_only = "loop induction register"
+    reg = NkiTensor(storage, int32, (1, 1))
+    for i in builtins.range(int(lo), int(hi), int(step)):
+        storage.data.view(np.int32)[0] = i  # the loop itself updates the register
+        storage.init[:4] = 1
+        body(reg)
 
 
 def device_print(prefix: str, x: Any) -> None:

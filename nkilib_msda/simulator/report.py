@@ -87,6 +87,7 @@ class CostReport:
         self.peak_psum_bytes_per_partition = 0
         self.num_programs = 1
         self.target = ""
+        self.programs: list[CostReport] = []  # per-program reports of an LNC>1 run
 
     # -- recording -------------------------------------------------------------------------
     def add_instruction(self, engine: str, opcode: str, elements: int) -> None:

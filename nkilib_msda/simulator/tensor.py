@@ -21,60 +21,13 @@ import numpy as np
 
 from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
 from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.memory import BUFFERS, HBM_BUFFERS, ON_CHIP, Storage
 
 __all__ = ["Storage", "NkiTensor", "IndirectAccess", "DynamicAccess", "ON_CHIP", "HBM_BUFFERS",
            "BUFFERS", "is_dynamic"]
 
-ON_CHIP = frozenset({"sbuf", "psum"})
-HBM_BUFFERS = frozenset({"private_hbm", "shared_hbm"})
-BUFFERS = ON_CHIP | HBM_BUFFERS
 MAX_PARTITIONS = 128
 MAX_ONCHIP_FREE_LEVELS = 4  # hardware access patterns: partition pair + <= 4 free pairs
-
-
-class Storage:
-    """Raw bytes of one allocation plus a byte-wise "has been written" mask."""
-
-    def __init__(self, buffer: str, nbytes: int, *, partitions: int = 0,
-                 bytes_per_partition: int = 0, name: str = "", program_id: int = 0) -> None:
-        if buffer not in BUFFERS:
-            raise ValueError(f"Storage: unknown buffer {buffer!r}")
-        self.buffer = buffer
-        self.nbytes = int(nbytes)
-        self.partitions = int(partitions)
-        self.bytes_per_partition = int(bytes_per_partition)
-        padded = -(-max(self.nbytes, 1) // 8) * 8  # lets the mask be viewed as uint16/32/64
-        self.data = np.empty(padded, dtype=np.uint8)
-        self.init = np.zeros(padded, dtype=np.uint8)
-        self.name = name
-        self.program_id = program_id
-        self.written = False  # any write since creation (drives write-back of inputs)
-        self.aux: dict[str, Any] = {}  # per-instruction-family bookkeeping (e.g. matmul flags)
-
-    @property
-    def is_on_chip(self) -> bool:
-        return self.buffer in ON_CHIP
-
-    def poison(self, dtype: NkiDtype) -> None:
-        """Fill with NaN (floats) or 4 (ints), as the official simulator does."""
-        view = self.data.view(dtype.np) if self.data.size % dtype.itemsize == 0 else None
-        if view is None:
-            return
-        view[...] = np.nan if dtype.is_float else 4
-        self.init[...] = 0
-
-    def numel(self, itemsize: int) -> int:
-        return self.nbytes // itemsize
-
-    def ppe(self, itemsize: int) -> int:
-        """Elements per partition for an on-chip storage seen as dtype of ``itemsize``."""
-        return self.bytes_per_partition // itemsize
-
-    def __repr__(self) -> str:
-        if self.is_on_chip:
-            return (f"Storage({self.buffer}, {self.partitions} partitions x "
-                    f"{self.bytes_per_partition} B, {self.name!r})")
-        return f"Storage({self.buffer}, {self.nbytes} B, {self.name!r})"
 
 
 def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -97,39 +50,38 @@ def _compute_addresses(shape: Sequence[int], strides: Sequence[int], offset: int
 
 
 class _GeometryCache:
-    """Address arrays depend only on (shape, strides, offset): share them between views.
+    """Relative address arrays depend only on (shape, strides): share them between views
+    (a view's addresses are ``offset + relative``). Bounded by the cached element count."""
 
-    Each entry is (addresses, flat_index) where flat_index is a ``slice`` when the view covers
-    a contiguous ascending run of its storage (fast NumPy slicing) and the flat int64 array
-    otherwise. Bounded by the total number of cached elements.
-    """
-
-    MAX_ELEMENTS = 8_000_000
-    MAX_ENTRY = 1_000_000
+    MAX_ELEMENTS = 16_000_000
+    MAX_ENTRY = 2_000_000
 
     def __init__(self) -> None:
-        self.entries: dict[tuple, tuple[np.ndarray, Any]] = {}
+        self.entries: dict[tuple, np.ndarray] = {}
         self.elements = 0
 
-    def get(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int):
-        key = (shape, strides, offset)
+    def relative(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+        key = (shape, strides)
         hit = self.entries.get(key)
         if hit is not None:
             return hit
-        addr = _compute_addresses(shape, strides, offset)
-        addr.setflags(write=False)
-        flat = addr.reshape(-1)
-        index: Any = flat
-        if flat.size and _is_run(shape, strides):
-            index = slice(int(flat[0]), int(flat[0]) + flat.size)
-        entry = (addr, index)
-        if addr.size <= self.MAX_ENTRY:
-            if self.elements + addr.size > self.MAX_ELEMENTS:
+        rel = _compute_addresses(shape, strides, 0)
+        rel.setflags(write=False)
+        if rel.size <= self.MAX_ENTRY:
+            if self.elements + rel.size > self.MAX_ELEMENTS:
                 self.entries.clear()
                 self.elements = 0
-            self.entries[key] = entry
-            self.elements += addr.size
-        return entry
+            self.entries[key] = rel
+            self.elements += rel.size
+        return rel
+
+    def get(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
+        rel = self.relative(shape, strides)
+        if offset == 0:
+            return rel
+        addr = rel + offset
+        addr.setflags(write=False)
+        return addr
 
 
 def _is_run(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -148,7 +100,7 @@ _GEOMETRY = _GeometryCache()
 
 
 def _addresses(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
-    return _GEOMETRY.get(tuple(shape), tuple(strides), int(offset))[0]
+    return _GEOMETRY.get(tuple(shape), tuple(strides), int(offset))
 
 
 class _ViewBase:
@@ -183,7 +135,7 @@ class _ViewBase:
 class NkiTensor(_ViewBase):
     """A strided view of a storage: element i is at ``offset + sum(strides * i)``."""
 
-    __slots__ = ("storage", "dtype", "shape", "strides", "offset", "name", "_geom")
+    __slots__ = ("storage", "dtype", "shape", "strides", "offset", "name", "_addr", "_flat")
 
     def __init__(self, storage: Storage, dtype: Any, shape: Sequence[int],
                  strides: Sequence[int] | None = None, offset: int = 0, name: str = "") -> None:
@@ -197,7 +149,8 @@ class NkiTensor(_ViewBase):
                 self.strides = (storage.ppe(self.dtype.itemsize),) + self.strides[1:]
         self.offset = int(offset)
         self.name = name or storage.name
-        self._geom: tuple[np.ndarray, Any] | None = None
+        self._addr: np.ndarray | None = None
+        self._flat: Any = None
 
     # -- basics ------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -216,15 +169,37 @@ class NkiTensor(_ViewBase):
     def addresses(self) -> np.ndarray:
         """Flat element indices (int64, shape ``self.shape``, read-only) into the storage
         viewed as ``dtype``."""
-        if self._geom is None:
-            self._geom = _GEOMETRY.get(self.shape, self.strides, self.offset)
-        return self._geom[0]
+        if self._addr is None:
+            self._addr = _GEOMETRY.get(self.shape, self.strides, self.offset)
+        return self._addr
 
     def flat_index(self) -> Any:
-        """Row-major flat index of the view: a ``slice`` when contiguous, else an int64 array."""
-        if self._geom is None:
-            self._geom = _GEOMETRY.get(self.shape, self.strides, self.offset)
-        return self._geom[1]
+        """Row-major flat index of the view: a ``slice`` when it covers a contiguous ascending
+        run of the storage (fast NumPy slicing), else the flat int64 address array."""
+        if self._flat is None:
+            if _is_run(self.shape, self.strides):
+                self._flat = slice(self.offset, self.offset + self.size)
+            else:
+                self._flat = self.addresses().reshape(-1)
+        return self._flat
+
+    def run_slice(self) -> slice | None:
+        """The storage slice this view covers when it is a contiguous ascending run (row-major
+        order), else None; never builds an address array."""
+        flat = self._flat
+        if flat is None:
+            if not _is_run(self.shape, self.strides):
+                return None
+            flat = self._flat = slice(self.offset, self.offset + self.size)
+        return flat if isinstance(flat, slice) else None
+
+    def np_view(self, buf: np.ndarray, np_dtype: Any, itemsize: int) -> np.ndarray:
+        """This view's elements as a NumPy strided view (shape ``self.shape``) of ``buf``, a
+        flat uint8 buffer seen with elements of ``itemsize`` bytes (``np_dtype``). Views
+        share memory with ``buf``; the bounds are checked by the ndarray constructor."""
+        strides = tuple(s * itemsize for s in self.strides)
+        return np.ndarray(self.shape, dtype=np_dtype, buffer=buf, offset=self.offset * itemsize,
+                          strides=strides)
 
     @property
     def partition_stride(self) -> int:
@@ -236,7 +211,17 @@ class NkiTensor(_ViewBase):
 
     def _derive(self, shape: Sequence[int], strides: Sequence[int], offset: int,
                 dtype: NkiDtype | None = None) -> "NkiTensor":
-        return NkiTensor(self.storage, dtype or self.dtype, shape, strides, offset, self.name)
+        """A view of the same storage; ``shape``/``strides`` are already-validated ints."""
+        view = object.__new__(NkiTensor)
+        view.storage = self.storage
+        view.dtype = dtype or self.dtype
+        view.shape = tuple(shape)
+        view.strides = tuple(strides)
+        view.offset = int(offset)
+        view.name = self.name
+        view._addr = None
+        view._flat = None
+        return view
 
     def get_pattern(self) -> list[list[int]]:
         """The view's access pattern as [[stride, count], ...], outermost first."""
@@ -288,7 +273,8 @@ class NkiTensor(_ViewBase):
             shape = self.shape[:d] + self.shape[d + 1:]
             strides = self.strides[:d] + self.strides[d + 1:]
             return DynamicAccess(self, [[s, n] for s, n in zip(strides, shape)], self.offset,
-                                 index, self.strides[d], self.dtype, "select")
+                                 index, self.strides[d], self.dtype, "select",
+                                 limit=self.shape[d])
         n = self.shape[d]
         i = _as_int(index, "select", "index")
         if i < 0:
@@ -297,6 +283,8 @@ class NkiTensor(_ViewBase):
             raise nki_error("select", "index out of range", f"index {index} for dim {d} of size {n}")
         shape = self.shape[:d] + self.shape[d + 1:]
         strides = self.strides[:d] + self.strides[d + 1:]
+        if self.is_on_chip and len(shape) < 2:  # on-chip views stay >= 2-D, as indexing
+            shape, strides = shape + (1,), strides + (1,)
         return self._derive(shape, strides, self.offset + i * self.strides[d])
 
     def permute(self, dims: Sequence[int]) -> "NkiTensor":
@@ -450,8 +438,16 @@ class NkiTensor(_ViewBase):
         return IndirectAccess(self, pattern, self.offset, index, self.dtype)
 
     def indirect(self, *args: Any, **kwargs: Any) -> Any:
-        raise nki_error("indirect", "target", ".indirect() (tensor indirection) is trn3-only and "
-                                             "not modelled by this emulator; use .ap(vector_offset=)")
+        """Tensor indirection: trn3-only (rejected on trn2); not modelled on trn3 either."""
+        from nkilib_msda.simulator.context import current_or_none
+
+        ctx = current_or_none()
+        if ctx is None or not ctx.target.is_trn3:
+            raise nki_error("indirect", "trn3-only",
+                            ".indirect() (tensor indirection) exists only on trn3 (NeuronCore-v4); "
+                            "on trn2 use .ap(vector_offset=) or vector_select")
+        raise nki_error("indirect", "not modelled",
+                        ".indirect() is not modelled by this emulator; use .ap(vector_offset=)")
 
     # -- access patterns ---------------------------------------------------------------------
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None,
@@ -462,6 +458,8 @@ class NkiTensor(_ViewBase):
 
 
 def _as_int(x: Any, what: str, arg: str) -> int:
+    if type(x) is int:
+        return x
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         raise nki_error(what, f"{arg} type", f"{arg} must be a Python int, got "
                                               f"{type(x).__name__} {x!r}")
@@ -485,41 +483,48 @@ def _is_c_contiguous(shape: Sequence[int], strides: Sequence[int], relative: boo
 
 
 def _index(t: NkiTensor, key: Any, what: str = "tensor indexing") -> NkiTensor:
-    if not isinstance(key, tuple):
+    if type(key) is not tuple:
         key = (key,)
-    if sum(k is Ellipsis for k in key) > 1:
-        raise nki_error(what, "index", "at most one '...' per index")
-    if Ellipsis in [k for k in key if k is Ellipsis]:
-        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+    if any(k is Ellipsis for k in key):
+        at = [j for j, k in enumerate(key) if k is Ellipsis]
+        if len(at) > 1:
+            raise nki_error(what, "index", "at most one '...' per index")
+        i = at[0]
         fill = t.ndim - (len(key) - 1)
         key = key[:i] + (slice(None),) * fill + key[i + 1:]
-    if len(key) > t.ndim:
+    if len(key) > len(t.shape):
         raise nki_error(what, "too many indices", f"{len(key)} indices for shape {t.shape}")
-    key = key + (slice(None),) * (t.ndim - len(key))
+    on_chip = t.storage.buffer in ON_CHIP
+    nkey = len(key)
     shape: list[int] = []
     strides: list[int] = []
     offset = t.offset
-    for d, (k, n, s) in enumerate(zip(key, t.shape, t.strides)):
-        if isinstance(k, slice):
+    for d, (n, s) in enumerate(zip(t.shape, t.strides)):
+        k = key[d] if d < nkey else _FULL
+        if type(k) is slice:
             start, stop, step = k.start, k.stop, k.step
-            step = 1 if step is None else _as_int(step, what, "slice step")
-            if step < 1:
-                raise nki_error(what, "slice step", f"step must be >= 1, got {step} on dim {d}")
-            if t.is_on_chip and d == 0 and step != 1:
-                # Partition ranges are (start, count); the docs never show a partition step.
-                raise nki_error(what, "partition step",
-                                f"on-chip dim 0 must be sliced with step 1, got {step}")
+            if step is None or (type(step) is int and step == 1):
+                step = 1
+            else:
+                step = _as_int(step, what, "slice step")
+                if step < 1:
+                    raise nki_error(what, "slice step", f"step must be >= 1, got {step} on dim {d}")
+                if on_chip and d == 0 and step != 1:
+                    # Partition ranges are (start, count); the docs never show a partition step.
+                    raise nki_error(what, "partition step",
+                                    f"on-chip dim 0 must be sliced with step 1, got {step}")
             start = 0 if start is None else _as_int(start, what, "slice start")
             stop = n if stop is None else _as_int(stop, what, "slice stop")
-            start = start + n if start < 0 else start
-            stop = stop + n if stop < 0 else stop
+            if start < 0:
+                start += n
+            if stop < 0:
+                stop += n
             if not (0 <= start < stop <= n):
                 # Python would clamp; NKI kernels bound slices explicitly (min()), so an
                 # out-of-range or empty slice is a kernel bug here.
                 raise nki_error(what, "slice out of range",
                                 f"{start}:{stop} on dim {d} of size {n} (shape {t.shape})")
-            count = -(-(stop - start) // step)
-            shape.append(count)
+            shape.append(-(-(stop - start) // step))
             strides.append(s * step)
             offset += start * s
         elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
@@ -527,18 +532,21 @@ def _index(t: NkiTensor, key: Any, what: str = "tensor indexing") -> NkiTensor:
             if not 0 <= i < n:
                 raise nki_error(what, "index out of range", f"index {k} on dim {d} of size {n}")
             offset += i * s
-            if t.is_on_chip and d == 0:  # on-chip: an int on the partition dim keeps it
+            if on_chip and d == 0:  # on-chip: an int on the partition dim keeps it
                 shape.append(1)
                 strides.append(s)
         else:
             raise nki_error(what, "index type",
                             f"{type(k).__name__} index on dim {d}: only int, slice, '...' and "
                             "nl.ds are allowed (no array/tensor indexing; use .ap(vector_offset=))")
-    if t.is_on_chip:
+    if on_chip:
         while len(shape) < 2:  # on-chip results stay >= 2-D
             shape.append(1)
             strides.append(1)
     return t._derive(shape, strides, offset)
+
+
+_FULL = slice(None)
 
 
 # -- access patterns ---------------------------------------------------------------------------
@@ -550,8 +558,10 @@ def _parse_pattern(pattern: Any, what: str = "ap") -> list[list[int]]:
     for pair in pattern:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise nki_error(what, "pattern", f"each pattern entry must be [stride, count], got {pair!r}")
-        stride = _as_int(pair[0], what, "pattern stride")
-        count = _as_int(pair[1], what, "pattern count")
+        stride, count = pair
+        if type(stride) is not int or type(count) is not int:
+            stride = _as_int(stride, what, "pattern stride")
+            count = _as_int(count, what, "pattern count")
         if count < 1:
             raise nki_error(what, "pattern", f"counts must be >= 1, got {count}")
         if stride < 0:
@@ -643,12 +653,41 @@ def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector
     return view
 
 
-class DynamicAccess(_ViewBase):
+_VIEW_METHODS = ("slice", "select", "permute", "broadcast", "expand_dim", "squeeze_dim",
+                 "reshape_dim", "flatten_dims", "reshape", "view", "reinterpret_cast",
+                 "vector_select", "ap", "indirect")
+
+
+class _DynamicViewBase(_ViewBase):
+    """Dynamic (indirect / scalar-offset / dynamic-select) views are terminal: the indirect dim
+    cannot be sliced afterwards and a tensor takes one indirection (nki-subset.md §3)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        raise nki_error("tensor indexing", "dynamic view",
+                        f"{self!r} is a dynamic access: it cannot be indexed or sliced further "
+                        "(the indirect dim cannot be sliced afterwards); index the receiver "
+                        "before calling .ap()/.select()")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__getitem__(key)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _VIEW_METHODS:
+            raise nki_error(name, "dynamic view",
+                            f"{name}() on a dynamic access ({type(self).__name__}): one indirection "
+                            "per tensor, and dynamic views cannot be re-viewed; build the view on "
+                            "the receiver first")
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+class DynamicAccess(_DynamicViewBase):
     """A view whose offset adds ``value(scalar) * scale`` read from a (1,1) SBUF int tile
-    when the (DMA) instruction executes."""
+    when the (DMA) instruction executes. Out of bounds: any element outside the storage (and,
+    for a dynamic ``select``, a value outside the selected dim)."""
 
     def __init__(self, receiver: NkiTensor, pattern: list[list[int]], offset: int,
-                 scalar: Any, scale: int, dtype: NkiDtype, what: str) -> None:
+                 scalar: Any, scale: int, dtype: NkiDtype, what: str,
+                 limit: int | None = None) -> None:
         if not isinstance(scalar, NkiTensor) or scalar.buffer != "sbuf" or scalar.size != 1 \
                 or not scalar.dtype.is_int:
             raise nki_error(what, "scalar_offset",
@@ -663,13 +702,14 @@ class DynamicAccess(_ViewBase):
         self.offset = offset
         self.scalar = scalar
         self.scale = scale
+        self.limit = limit  # select: the value must index the selected dim (0 <= v < limit)
         self.name = receiver.name
 
     def __repr__(self) -> str:
         return f"DynamicAccess({self.name!r}, shape={self.shape}, {self.buffer})"
 
 
-class IndirectAccess(_ViewBase):
+class IndirectAccess(_DynamicViewBase):
     """``receiver.ap(pattern, vector_offset=idx)``: row p starts at
     ``offset + idx[p] * receiver.strides[0]``; the first pair's stride is ignored."""
 

@@ -153,3 +153,28 @@ def test_pe_transpose_starts_an_accumulation_group():
         return out
 
     np.testing.assert_allclose(run(body, a), a.T + a.astype(np.float64).T @ a, rtol=1e-5, atol=1e-5)
+
+
+def test_accumulate_after_view_assignment_into_psum_is_flagged():
+    """`psum_view[...] = tile` is a copy, not an overwriting matmul: accumulating on it is UB."""
+    import numpy as np
+    import pytest
+
+    from nkilib_msda.simulator import NkiError, nisa, nki, nl, simulate
+
+    @nki.jit
+    def kernel(a):
+        s = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=a)
+        p = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=s, moving=s)
+        p[...] = s
+        nisa.nc_matmul(dst=p, stationary=s, moving=s, accumulate=True)
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=p)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    with pytest.raises(NkiError, match="accumulate"):
+        simulate(kernel)(np.ones((4, 4), np.float32))

@@ -250,7 +250,7 @@ def test_memset_fills_with_cast():
         i = nl.ndarray((4, 3), dtype=nl.int32, buffer=nl.psum)
         nisa.memset(i, -7)
         z = nl.ndarray((4, 3), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(z, 0, engine=nisa.engine.gpsimd)
+        nisa.memset(z, 0, engine=nisa.gpsimd_engine)  # real-nki shorthand
         return f, i, z
 
     f, i, z, report = run(body, report=True)

@@ -1,10 +1,9 @@
 """Tensor indexing, view methods and .ap() access patterns (nki-subset.md §3)."""
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-from nkilib_msda.simulator import NkiError, access, nisa, nl
+from nkilib_msda.simulator import access, nisa, nl
 
 from _core_helpers import in_kernel, raises_rule
 
@@ -264,3 +263,12 @@ def test_compute_ops_reject_dynamic_views():
         with raises_rule("test", "dynamic access"):
             access.read(a.ap([[8, 4], [1, 8]], vector_offset=idx), "test")
     in_kernel(body, np.zeros((8, 8), np.float32))
+
+
+def test_on_chip_select_stays_2d():
+    def body(a):
+        t = nl.ndarray((8, 4), nl.float32, buffer=nl.sbuf)
+        v = t.select(1, 3)
+        assert v.shape == (8, 1) and v.offset == 3 and v.strides[0] == 4
+        assert nl.ndarray((8, 2, 4), nl.float32, buffer=nl.sbuf).select(2, 1).shape == (8, 2)
+    in_kernel(body, np.zeros(1, np.float32))

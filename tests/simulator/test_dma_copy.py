@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nkilib_msda.simulator import NkiError, access, nisa, nl
+from nkilib_msda.simulator import access, nisa, nl
 
 from _core_helpers import in_kernel, raises_rule
 
@@ -271,3 +271,55 @@ def test_dma_copy_report_counts_bytes_and_descriptors():
     assert d["direct/sbuf_to_hbm"]["bytes"] == 1024
     assert rep.instruction_count("dma") == 3
     assert "not a timing" in str(rep)
+
+
+def test_vector_select_gathers_rows():
+    v = RNG.standard_normal((9, 2, 3)).astype(np.float32)
+    idx = np.array([[8], [0], [4]], np.int32)
+
+    def body(val, ix):
+        rows = val.vector_select(0, _load(ix))
+        assert rows.shape == (3, 2, 3)
+        t = nl.ndarray((3, 6), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=rows)
+        with raises_rule("vector_select", "buffer"):
+            t.vector_select(0, _load(ix))
+        return _store(t)
+
+    np.testing.assert_array_equal(in_kernel(body, v, idx), v[idx[:, 0]].reshape(3, 6))
+
+
+def test_dynamic_offset_out_of_bounds():
+    v = np.arange(12, dtype=np.float32).reshape(6, 2)
+
+    def body(val, s, skip):
+        t = nl.full((2, 2), -1.0, nl.float32)
+        mode = nisa.oob_mode.skip if skip else nisa.oob_mode.error
+        nisa.dma_copy(dst=t, src=val.ap([[2, 2], [1, 2]], scalar_offset=_load(s)), oob_mode=mode)
+        return _store(t)
+
+    with raises_rule("dma_copy", "out-of-bounds index"):
+        in_kernel(body, v, np.array([[5]], np.int32), False)
+    assert in_kernel(body, v, np.array([[5]], np.int32), True).tolist() == [[-1, -1], [-1, -1]]
+    assert in_kernel(body, v, np.array([[4]], np.int32), False).tolist() == [[8, 9], [10, 11]]
+
+
+def test_dynamic_select_value_must_index_the_dim():
+    v = np.arange(12, dtype=np.float32).reshape(6, 2)
+
+    def body(val, s):
+        t = nl.ndarray((1, 2), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=val[0:4].select(0, _load(s)))  # value 4 stays in storage
+        return _store(t)
+
+    with raises_rule("dma_copy", "out-of-bounds index"):
+        in_kernel(body, v, np.array([[4]], np.int32))
+    assert in_kernel(body, v, np.array([[3]], np.int32)).tolist() == [[6, 7]]
+
+
+@pytest.mark.parametrize("shape, strides, overlap", [
+    ((4, 8), (8, 1), False), ((4, 8), (16, 2), False), ((4, 8), (4, 1), True),
+    ((4, 1, 8), (8, 0, 1), False), ((4, 2, 8), (8, 0, 1), True), ((8, 4), (1, 8), False),
+])
+def test_may_overlap(shape, strides, overlap):
+    assert access.may_overlap(shape, strides) is overlap

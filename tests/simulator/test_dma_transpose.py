@@ -139,3 +139,23 @@ def test_dma_transpose_rules():
 
     in_kernel(body, np.zeros((16, 8), BF16), np.zeros((16, 8), np.float32),
               np.zeros((16, 1), np.uint32), np.zeros((16, 1), np.int32))
+
+
+def test_indirect_3d_transpose_and_4d_shape_rule():
+    V = RNG.standard_normal((64, 2, 8)).astype(BF16)  # rows of (2, 8)
+    idx = RNG.permutation(64)[:16].astype(np.uint32).reshape(16, 1)
+
+    def body(v, ix):
+        i = _load(ix)
+        t = nl.ndarray((8, 2, 16), v.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=v.ap([[16, 16], [8, 2], [1, 8]], vector_offset=i))
+        with raises_rule("dma_transpose", "indirect shape"):
+            nisa.dma_transpose(dst=nl.ndarray((4, 2, 2, 16), v.dtype, buffer=nl.sbuf),
+                               src=v.ap([[16, 16], [8, 2], [4, 2], [1, 4]], vector_offset=i))
+        with raises_rule("dma_transpose", "rank"):
+            nisa.dma_transpose(dst=nl.ndarray((16, 8), v.dtype, buffer=nl.sbuf),
+                               src=v.ap([[16, 16], [1, 1], [1, 1], [1, 1], [1, 8]]))
+        return _store(t)
+
+    out = in_kernel(body, V, idx)
+    np.testing.assert_array_equal(out, V[idx[:, 0]].transpose(2, 1, 0))

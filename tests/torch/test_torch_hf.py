@@ -71,7 +71,7 @@ def test_patch_keeps_outputs_and_parameter_gradients(build, expected_sites):
     torch.manual_seed(0)
     model, output_name = build()
     model = model.double().eval()
-    pixels = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    pixels = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     try:
         out_before, grads_before = _forward_backward(model, output_name, pixels)
         assert patch_transformers_model(model, backend="reference") == expected_sites
@@ -99,11 +99,11 @@ def test_patched_sites_really_run_nkilib(monkeypatch):
     model, _ = _tiny_deformable_detr()
     model.eval()
     with torch.no_grad():
-        model(pixel_values=torch.randn(1, 3, 32, 32))
+        model(pixel_values=torch.randn(2, 3, 32, 32))
     assert calls == []
     assert nkilib_msda.patch_transformers_model(model) == 3
     with torch.no_grad():
-        model(pixel_values=torch.randn(1, 3, 32, 32))
+        model(pixel_values=torch.randn(2, 3, 32, 32))
     assert len(calls) == 3
     assert nkilib_msda.patch_transformers_model(model) == 3  # idempotent
 
@@ -155,3 +155,35 @@ def test_patch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="backend"):
         patch_transformers_model(model, backend="gpu")
     assert not any(isinstance(m, MultiScaleDeformableAttention) for m in model.modules())
+
+
+def test_every_family_carrying_the_layer_or_function_is_recognized():
+    """Scan the installed transformers for copies of the layer / Mask2Former-style function."""
+    import importlib
+    from pathlib import Path
+
+    from nkilib_msda.pytorch import hf
+
+    models_dir = Path(transformers.__file__).parent / "models"
+    layer_modules, function_modules = [], []
+    for path in sorted(models_dir.glob("*/modeling_*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = f"transformers.models.{path.parent.name}.{path.stem}"
+        if f"class {hf.LAYER_CLASS_NAME}(" in text:
+            layer_modules.append(name)
+        if f"def {hf.FUNCTION_NAME}(" in text:
+            function_modules.append(name)
+    assert len(layer_modules) >= 10 and len(function_modules) >= 2
+    for name in layer_modules:
+        layer = getattr(importlib.import_module(name), hf.LAYER_CLASS_NAME)()
+        assert hf._is_hf_layer(layer), name
+    for name in function_modules:
+        module = importlib.import_module(name)
+        blocks = [obj for obj in vars(module).values() if isinstance(obj, type)
+                  and obj.__module__ == name and "DeformableAttention" in obj.__name__
+                  and issubclass(obj, torch.nn.Module)]
+        assert blocks, name
+        probe = torch.nn.Module.__new__(blocks[0])
+        torch.nn.Module.__init__(probe)
+        probe.sampling_offsets = torch.nn.Linear(1, 1)
+        assert hf._uses_function(probe), name

@@ -107,3 +107,14 @@ def test_compile_aot_eager_fullgraph_matches_eager(padding_mode):
     torch.testing.assert_close(comp_out, eager_out, rtol=0, atol=0)
     for got, want in zip(comp_grads, eager_grads):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_direct_op_call_checks_the_backend_can_run_it():
+    inputs = make_inputs(dtype=torch.bfloat16, loc_dtype=torch.float32)
+    args = list(_op_args(inputs, padding_mode="reflection"))
+    args[-1] = "nki"
+    with pytest.raises(ValueError, match="reflection"):
+        FWD(*args)
+    args[-1] = "gpu"
+    with pytest.raises(ValueError, match="backend"):
+        FWD(*args)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import nkilib_msda
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+from nkilib_msda.validation import validate_msda_args
 from _torch_inputs import make_inputs
 
 MSDA = nkilib_msda.multi_scale_deformable_attention
@@ -126,3 +127,19 @@ def test_non_finite_and_huge_coordinates_are_safe(padding_mode):
     args = (inputs.value.detach().numpy(), inputs.spatial_shapes, None, loc.detach().numpy(),
             inputs.attention_weights.detach().numpy(), "BLNC", "BQHLP2", False, padding_mode)
     np.testing.assert_allclose(out.numpy(), ms_deformable_attention_ref(*args), rtol=1e-12, atol=1e-12)
+
+
+def test_query_chunking_gives_the_same_results(monkeypatch):
+    from nkilib_msda.backends import reference_torch
+
+    inputs = make_inputs(queries=7, value_layout="BNLC", sampling_locations_layout="B2QHLP", seed=13)
+    whole = _run(inputs, True, "border")
+    per_query = 2 * 2 * 3 * 2 * 4 * 4  # B * N_h * N_l * N_p * 4 corners * C_h
+    monkeypatch.setattr(reference_torch, "_GATHER_ELEMENTS_PER_CHUNK", 2 * per_query)
+    assert len(reference_torch._query_chunks(
+        validate_msda_args(inputs.value, inputs.spatial_shapes, None, inputs.sampling_locations,
+                           inputs.attention_weights, "BNLC", "B2QHLP"))) == 4
+    chunked = _run(inputs, True, "border")
+    torch.testing.assert_close(chunked[0], whole[0], rtol=0, atol=1e-14)
+    for got, want in zip(chunked[1], whole[1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-13)

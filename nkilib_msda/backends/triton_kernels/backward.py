@@ -17,7 +17,7 @@ Row key of a corner: its row in the value tensor viewed as (-1, C_h); invalid co
 import triton
 import triton.language as tl
 
-from nkilib_msda.backends.triton_kernels.sampling import axis_setup
+from nkilib_msda.backends.triton_kernels.sampling import axis_setup, program_coordinates
 
 
 @triton.jit
@@ -52,12 +52,13 @@ def _write_entry(key_ptr, coef_ptr, entry, row_key_base, rows, coef, valid, q_ma
 def msda_backward_kernel(
     grad_out_ptr, value_ptr, loc_ptr, attn_ptr, shapes_ptr, starts_ptr,
     grad_value_ptr, grad_loc_ptr, grad_attn_ptr, key_ptr, coef_ptr,
-    num_queries, total_pixels, num_query_blocks, key_sentinel,
+    num_queries, total_pixels, num_query_blocks, batch_size, key_sentinel,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_LEVELS: tl.constexpr,
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     COMPUTE_VALUE: tl.constexpr, COMPUTE_LOC: tl.constexpr, COMPUTE_ATTN: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Shapes as the forward; grad_value in value's layout, grad_loc in loc's layout,
     grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC."""
@@ -67,10 +68,8 @@ def msda_backward_kernel(
     pid = tl.program_id(0)
     if INDEX64:
         pid = pid.to(tl.int64)
-    head = pid % NUM_HEADS
-    rest = pid // NUM_HEADS
-    q_block = rest % num_query_blocks
-    batch = rest // num_query_blocks
+    head, batch, q_block = program_coordinates(pid, num_query_blocks, batch_size, NUM_HEADS,
+                                               HEAD_SLOWEST)
 
     q = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q_mask = q < num_queries

@@ -3,7 +3,7 @@
 Semantics follow msda-design.md Part A: pixel coordinate ``u*size - 0.5`` (align_corners=False)
 or ``u*(size - 1)`` (True), fp32 throughout; zeros padding masks corners outside the map,
 border padding clips the coordinate; NaN contributes nothing; indices are always clamped into
-the map so no access can leave the tensors.
+the map so no access can leave the tensors. Also the program-to-work mapping.
 """
 
 import triton
@@ -49,3 +49,25 @@ def axis_setup(u, size, ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr):
     i0 = tl.minimum(tl.maximum(i0, 0), size - 1)
     i1 = tl.minimum(tl.maximum(i1, 0), size - 1)
     return i0, i1, frac, valid0, valid1, d_scale
+
+
+@triton.jit
+def program_coordinates(pid, num_query_blocks, batch_size, NUM_HEADS: tl.constexpr,
+                        HEAD_SLOWEST: tl.constexpr):
+    """(head, batch, query block) of a program.
+
+    HEAD_SLOWEST: consecutive programs (those resident together) share one (head, batch), so
+    each SM's L1 holds a single head's value slice (the small levels then hit in L1).
+    Otherwise heads vary fastest.
+    """
+    if HEAD_SLOWEST:
+        q_block = pid % num_query_blocks
+        rest = pid // num_query_blocks
+        batch = rest % batch_size
+        head = rest // batch_size
+    else:
+        head = pid % NUM_HEADS
+        rest = pid // NUM_HEADS
+        q_block = rest % num_query_blocks
+        batch = rest // num_query_blocks
+    return head, batch, q_block

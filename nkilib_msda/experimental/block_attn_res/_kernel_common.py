@@ -8,7 +8,7 @@ from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE, SBUF_USABLE_BYTES
 from nkilib_msda.validation import dtype_name
 
-__all__ = ["launch", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast"]
+__all__ = ["launch", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
 
 
 def launch() -> tuple[int, int]:
@@ -25,8 +25,9 @@ def sbuf_budget() -> int:
 
 def check_vector_arg(name: str, x: Any, dim: int) -> None:
     """Kernel-contract check of a [D] HBM vector (fp32 by contract; any float is cast on load)."""
-    if x is None or tuple(x.shape) != (dim,):
-        got = None if x is None else tuple(x.shape)
+    # No `is None` in kernel code: NKI 0.3-0.6 reject the `is` operator.
+    if not hasattr(x, "shape") or tuple(x.shape) != (dim,):
+        got = tuple(x.shape) if hasattr(x, "shape") else x
         raise ValueError(f"{name}: expected an HBM tensor of shape ({dim},), got {got}")
 
 
@@ -51,4 +52,5 @@ def load_query(u: Any, staging: Any, proj_weight: Any, rmsnorm_gamma: Any, scale
 
 
 def dtype_str(t: Any) -> str:
+    """Canonical dtype name of a kernel argument ('bfloat16', 'float32', ...)."""
     return dtype_name(t.dtype)

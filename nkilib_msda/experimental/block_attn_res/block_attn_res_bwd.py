@@ -183,7 +183,8 @@ def _tile_backward(t: _Tiles, reader: _SourceReader, grad_h: Any, alpha: Any, rm
 
 
 def _combine_beta(t: _Tiles, plan: BackwardPlan, pid: int, has_tiles: bool) -> Any:
-    """This program's beta in SBUF; with LNC=2 program 0's result is partial0 + partial1."""
+    """This program's beta in SBUF; with LNC=2, program 0's becomes partial0 + partial1 (the
+    caller lets only program 0 write the weights' gradients)."""
     beta = t.beta[0]
     nisa.memset(dst=beta, value=0.0)
     if has_tiles:
@@ -197,7 +198,7 @@ def _combine_beta(t: _Tiles, plan: BackwardPlan, pid: int, has_tiles: bool) -> A
     nisa.dma_copy(dst=partials[pid], src=beta)
     nisa.core_barrier(partials, cores=(0, 1))
     if pid != 0:
-        return None
+        return beta
     nisa.dma_copy(dst=t.beta[1], src=partials[1])
     nisa.tensor_tensor(dst=beta, data1=beta, data2=t.beta[1], op=nl.add)  # partial0 + partial1
     return beta
@@ -206,9 +207,8 @@ def _combine_beta(t: _Tiles, plan: BackwardPlan, pid: int, has_tiles: bool) -> A
 def _write_weight_grads(t: _Tiles, beta: Any, proj_weight: Any, rmsnorm_gamma: Any, scale: float,
                         plan: BackwardPlan, grad_w: Any, grad_gamma: Any) -> None:
     groups = _column_groups(plan.dim)
-    for tile, vector in ((t.w_t, proj_weight), (t.gamma_t, rmsnorm_gamma)):
-        if vector is None:
-            continue
+    inputs = [(t.w_t, proj_weight)] + ([(t.gamma_t, rmsnorm_gamma)] if plan.enable_rmsnorm else [])
+    for tile, vector in inputs:
         nisa.memset(dst=tile, value=0.0)
         for first, cols, rows in groups:
             nisa.dma_copy(dst=tile[0:rows, first:first + cols],
@@ -239,8 +239,9 @@ def block_attn_res_bwd(grad_h, values, proj_weight, alpha, rmsnorm_gamma=None, r
     check_vector_arg("proj_weight", proj_weight, dim)
     if enable_rmsnorm:
         check_vector_arg("rmsnorm_gamma", rmsnorm_gamma, dim)
-        if rms is None or tuple(rms.shape) != (n_tok, n_src):
-            raise ValueError(f"rms: expected ({n_tok}, {n_src}), got {None if rms is None else rms.shape}")
+        if not hasattr(rms, "shape") or tuple(rms.shape) != (n_tok, n_src):
+            got = tuple(rms.shape) if hasattr(rms, "shape") else rms
+            raise ValueError(f"rms: expected an HBM tensor of shape ({n_tok}, {n_src}), got {got}")
     lnc, pid = launch()
     plan = plan_backward(n_src, n_tok, dim, dtype_str(values), lnc, bool(enable_rmsnorm),
                          sbuf_budget=sbuf_budget(), force_mode=mode)
@@ -259,9 +260,8 @@ def block_attn_res_bwd(grad_h, values, proj_weight, alpha, rmsnorm_gamma=None, r
         row0, rows = plan.tile_rows(tile)
         _tile_backward(t, reader, grad_h, alpha, rms, grad_values, plan, i, row0, rows)
     beta = _combine_beta(t, plan, pid, len(tiles) > 0)
-    if beta is not None:
-        _write_weight_grads(t, beta, proj_weight, rmsnorm_gamma if enable_rmsnorm else None, scale,
-                            plan, grad_w, grad_gamma)
+    if pid == 0:
+        _write_weight_grads(t, beta, proj_weight, rmsnorm_gamma, scale, plan, grad_w, grad_gamma)
     if enable_rmsnorm:
         return grad_values, grad_w, grad_gamma
     return grad_values, grad_w

@@ -6,7 +6,7 @@ r_l = sqrt(mean_d v_ld^2 + eps), z_l = (v_l . u) / r_l with u = scale*gamma*w (o
 u = scale*w, without RMSNorm), alpha = softmax_l(z), h = sum_l alpha_l v_l.
 Returns (h [BT, D] in the values' dtype, rms [BT, L] fp32, alpha [BT, L] fp32) with RMSNorm,
 else (h, alpha). Token tiles of 128 are split between the LNC programs; see tiling.py for the
-slab / stream modes.
+slab / stream (grouped online softmax) modes.
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ class _Tiles:
         self.acc = nl.ndarray((p, dim), dtype=_F32, buffer=nl.sbuf, name="acc")
         nbuf = plan.buffers
         self.h = [nl.ndarray((p, dim), dtype=dtype, buffer=nl.sbuf, name=f"h{i}") for i in range(nbuf)]
-        per_source = (p, n_src, dim) if plan.mode == "slab" else (p, dim)
-        self.values = [nl.ndarray(per_source, dtype=dtype, buffer=nl.sbuf, name=f"values{i}")
-                       for i in range(nbuf)]
+        self.values = [nl.ndarray((p, plan.group, dim), dtype=dtype, buffer=nl.sbuf,
+                                  name=f"values{i}") for i in range(nbuf)]
         scores = ("sumsq", "dot", "z", "e", "alpha", "rms", "rinv", "mean_sq")
         for name in scores:
             setattr(self, name, nl.ndarray((p, n_src), dtype=_F32, buffer=nl.sbuf, name=name))
-        columns = ("neg_max", "esum", "rsum", "run_max0", "run_max1", "neg_run_max", "corr", "weight")
+        columns = ("neg_max", "esum", "rsum", "run_max0", "run_max1", "neg_run_max", "corr", "group_max")
         for name in columns:
             setattr(self, name, nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name=name))
 
@@ -80,71 +79,88 @@ def _softmax(t: _Tiles, rows: int) -> None:
                        operand0=t.rsum[0:rows])
 
 
-def _slab_tile(t: _Tiles, values: Any, plan: ForwardPlan, slab: Any, h_tile: Any, row0: int,
-               rows: int, eps: float) -> None:
-    """One token tile with its whole [rows, L, D] slab on chip: stats, softmax, weighted sum."""
-    n_src, n_tok, dim = plan.num_sources, plan.num_tokens, plan.dim
-    # One DMA for the slab: source l of token row0+p is at values[l, row0+p, :].
-    nisa.dma_copy(dst=slab[0:rows],
-                  src=values.ap([[dim, rows], [n_tok * dim, n_src], [1, dim]], offset=row0 * dim))
-    for l in range(n_src):
-        _source_stats(t, slab[0:rows, l, :], rows, l, plan.enable_rmsnorm)
-    _scores(t, rows, slice(0, n_src), dim, eps, plan.enable_rmsnorm)
-    _softmax(t, rows)
-    for l in range(n_src):
-        v, a_l = slab[0:rows, l, :], t.alpha[0:rows, l:l + 1]
-        dst = h_tile[0:rows] if l == n_src - 1 else t.acc[0:rows]
-        if l == 0:
-            nisa.tensor_scalar(dst=dst, data=v, op0=nl.multiply, operand0=a_l)
-        else:
-            nisa.scalar_tensor_tensor(dst=dst, data=v, op0=nl.multiply, operand0=a_l,
-                                      op1=nl.add, operand1=t.acc[0:rows])
+def _load_group(t: _Tiles, values: Any, plan: ForwardPlan, slab: Any, first: int, count: int,
+                row0: int, rows: int) -> None:
+    """One DMA: slab[p, j, :] = values[first + j, row0 + p, :] for the group's sources."""
+    n_tok, dim = plan.num_tokens, plan.dim
+    nisa.dma_copy(dst=slab[0:rows, 0:count, :],
+                  src=values.ap([[dim, rows], [n_tok * dim, count], [1, dim]],
+                                offset=(first * n_tok + row0) * dim))
 
 
-def _stream_tile(t: _Tiles, values: Any, plan: ForwardPlan, h_tile: Any, row0: int, rows: int,
-                 eps: float, source_counter: list[int]) -> None:
-    """One token tile streaming the sources: online softmax with a rescaled fp32 accumulator.
+def _group_weights(t: _Tiles, rows: int, cols: slice, first_group: bool, run_max: tuple) -> None:
+    """Online softmax step for one group: e[:, cols] = exp(z - m) with m the running max;
+    the accumulator is rescaled by exp(m_old - m) (one ScalarE pass per group)."""
+    r = slice(0, rows)
+    new_max = run_max[1] if not first_group else run_max[0]
+    nisa.tensor_reduce(dst=t.group_max[r], op=nl.max, data=t.z[r, cols], axis=1)
+    if first_group:
+        nisa.tensor_copy(dst=new_max[r], src=t.group_max[r])
+    else:
+        old_max = run_max[0]
+        nisa.tensor_tensor(dst=new_max[r], data1=old_max[r], data2=t.group_max[r], op=nl.maximum)
+    nisa.tensor_scalar(dst=t.neg_run_max[r], data=new_max[r], op0=nl.multiply, operand0=-1.0)
+    if not first_group:
+        nisa.activation(dst=t.corr[r], op=nl.exp, data=run_max[0][r], bias=t.neg_run_max[r])
+        nisa.activation(dst=t.acc[r], op=nl.copy, data=t.acc[r], scale=t.corr[r])
+        nisa.tensor_copy(dst=run_max[0][r], src=new_max[r])
+    nisa.activation(dst=t.e[r, cols], op=nl.exp, data=t.z[r, cols], bias=t.neg_run_max[r])
 
-    acc = sum_l exp(z_l - m) v_l with m the running max; at the end m = max_l z_l, so
-    h = acc / sum_l exp(z_l - m) = acc * rsum of the final softmax.
+
+def _forward_tile(t: _Tiles, values: Any, plan: ForwardPlan, h_tile: Any, row0: int, rows: int,
+                  eps: float, slab_counter: list[int]) -> None:
+    """One token tile, group by group: stats and scores of the group's sources, then their
+    weighted sum into the fp32 accumulator.
+
+    With one group (slab mode) the weights are the final alpha and the last source's FMA writes
+    h. With several, acc = sum_l exp(z_l - m) v_l with m the running max; at the end m = max_l z_l,
+    so h = acc / sum_l exp(z_l - m) = acc * rsum of the final softmax.
     """
     n_src, dim = plan.num_sources, plan.dim
-    run_max = (t.run_max0[0:rows], t.run_max1[0:rows])
-    acc = t.acc[0:rows]
-    for l in range(n_src):
-        v = t.values[source_counter[0] % plan.buffers][0:rows]
-        source_counter[0] += 1
-        nisa.dma_copy(dst=v, src=values[l, row0:row0 + rows, :])
-        _source_stats(t, v, rows, l, plan.enable_rmsnorm)
-        _scores(t, rows, slice(l, l + 1), dim, eps, plan.enable_rmsnorm)
-        z_l = t.z[0:rows, l:l + 1]
-        if l == 0:
-            nisa.tensor_copy(dst=run_max[0], src=z_l)
-            nisa.tensor_copy(dst=acc, src=v)
-            continue
-        old_max, new_max = run_max[(l - 1) % 2], run_max[l % 2]
-        nisa.tensor_tensor(dst=new_max, data1=old_max, data2=z_l, op=nl.maximum)
-        nisa.tensor_scalar(dst=t.neg_run_max[0:rows], data=new_max, op0=nl.multiply, operand0=-1.0)
-        nisa.activation(dst=t.corr[0:rows], op=nl.exp, data=old_max, bias=t.neg_run_max[0:rows])
-        nisa.activation(dst=t.weight[0:rows], op=nl.exp, data=z_l, bias=t.neg_run_max[0:rows])
-        nisa.activation(dst=acc, op=nl.copy, data=acc, scale=t.corr[0:rows])  # ScalarE rescale
-        nisa.scalar_tensor_tensor(dst=acc, data=v, op0=nl.multiply, operand0=t.weight[0:rows],
-                                  op1=nl.add, operand1=acc)
-    _softmax(t, rows)
-    nisa.tensor_scalar(dst=h_tile[0:rows], data=acc, op0=nl.multiply, operand0=t.rsum[0:rows])
+    groups = plan.groups()
+    single = len(groups) == 1
+    run_max = (t.run_max0, t.run_max1)
+    for gi, (first, count) in enumerate(groups):
+        slab = t.values[slab_counter[0] % plan.buffers]
+        slab_counter[0] += 1
+        _load_group(t, values, plan, slab, first, count, row0, rows)
+        for j in range(count):
+            _source_stats(t, slab[0:rows, j, :], rows, first + j, plan.enable_rmsnorm)
+        cols = slice(first, first + count)
+        _scores(t, rows, cols, dim, eps, plan.enable_rmsnorm)
+        if single:
+            _softmax(t, rows)
+            weights = t.alpha
+        else:
+            _group_weights(t, rows, cols, gi == 0, run_max)
+            weights = t.e
+        for j in range(count):
+            l = first + j
+            v, w_l = slab[0:rows, j, :], weights[0:rows, l:l + 1]
+            dst = h_tile[0:rows] if single and l == n_src - 1 else t.acc[0:rows]
+            if l == 0:
+                nisa.tensor_scalar(dst=dst, data=v, op0=nl.multiply, operand0=w_l)
+            else:
+                nisa.scalar_tensor_tensor(dst=dst, data=v, op0=nl.multiply, operand0=w_l,
+                                          op1=nl.add, operand1=t.acc[0:rows])
+    if not single:
+        _softmax(t, rows)
+        nisa.tensor_scalar(dst=h_tile[0:rows], data=t.acc[0:rows], op0=nl.multiply,
+                           operand0=t.rsum[0:rows])
 
 
 @nki.jit
 def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsnorm_eps=1e-6,
-                       enable_rmsnorm=True, mode=None):
-    """Forward kernel; ``mode`` None (plan's choice), 'slab' or 'stream'."""
+                       enable_rmsnorm=True, mode=None, group=None):
+    """Forward kernel; ``mode`` None (plan's choice), 'slab' or 'stream'; ``group`` forces the
+    number of sources per on-chip slab (tests)."""
     n_src, n_tok, dim = values.shape
     check_vector_arg("proj_weight", proj_weight, dim)
     if enable_rmsnorm:
         check_vector_arg("rmsnorm_gamma", rmsnorm_gamma, dim)
     lnc, pid = launch()
     plan = plan_forward(n_src, n_tok, dim, dtype_str(values), lnc, bool(enable_rmsnorm),
-                        sbuf_budget=sbuf_budget(), force_mode=mode)
+                        sbuf_budget=sbuf_budget(), force_mode=mode, force_group=group)
 
     h = nl.ndarray((n_tok, dim), dtype=values.dtype, buffer=nl.shared_hbm, name="h")
     rms_out = (nl.ndarray((n_tok, n_src), dtype=_F32, buffer=nl.shared_hbm, name="rms")
@@ -153,14 +169,11 @@ def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsno
 
     t = _Tiles(plan, values.dtype)
     load_query(t.u, t.product, proj_weight, rmsnorm_gamma, scale, enable_rmsnorm)
-    source_counter = [0]
+    slab_counter = [0]
     for i, tile in enumerate(plan.tiles_of(pid)):
         row0, rows = plan.tile_rows(tile)
         h_tile = t.h[i % plan.buffers]
-        if plan.mode == "slab":
-            _slab_tile(t, values, plan, t.values[i % plan.buffers], h_tile, row0, rows, rmsnorm_eps)
-        else:
-            _stream_tile(t, values, plan, h_tile, row0, rows, rmsnorm_eps, source_counter)
+        _forward_tile(t, values, plan, h_tile, row0, rows, rmsnorm_eps, slab_counter)
         nisa.dma_copy(dst=h[row0:row0 + rows, :], src=h_tile[0:rows])
         nisa.dma_copy(dst=alpha_out[row0:row0 + rows, :], src=t.alpha[0:rows])
         if enable_rmsnorm:

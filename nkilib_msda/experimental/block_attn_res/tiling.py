@@ -7,13 +7,14 @@ kernels allocate is listed here (bytes per partition), so the budget check is ex
 Forward modes
 - ``slab``: rotating [128, L, D] slabs (DMA of tile t+1 overlaps compute on tile t); the
   scores and the weighted sum are two on-chip passes over the slab.
-- ``stream``: rotating [128, D] source tiles and an online softmax (running max, fp32
-  accumulator rescaled when the max moves); V is still read from HBM once.
+- ``stream``: rotating [128, G, D] slabs of G < L sources and an online softmax across the
+  groups (running max; the fp32 accumulator is rescaled once per group); V is still read from
+  HBM once. The largest G that fits wins.
 Backward modes
 - ``slab``: the tile's whole slab stays on chip between pass A (dots) and pass B (dV, beta).
 - ``stream``: pass B reads each source again (1.5x the compulsory HBM traffic of V).
-The first candidate that fits wins: forward slab x2, stream x2, stream x1; backward slab x2,
-slab x1, stream x2, stream x1 (xN = rotation depth of the streamed tiles).
+The first candidate that fits wins: forward G = L, L-1, ..., 1 with two buffers, then G = 1 with
+one; backward slab x2, slab x1, stream x2, stream x1 (xN = rotation depth of the streamed tiles).
 """
 
 from __future__ import annotations
@@ -77,7 +78,14 @@ class _Plan:
 
 @dataclass(frozen=True)
 class ForwardPlan(_Plan):
-    """Forward tiling: ``mode`` is 'slab' or 'stream' (see module docstring)."""
+    """Forward tiling: ``group`` sources per on-chip slab; ``mode`` 'slab' when group = L."""
+
+    group: int
+
+    def groups(self) -> list[tuple[int, int]]:
+        """(first source, sources) of each group, in order."""
+        return [(g0, min(self.group, self.num_sources - g0))
+                for g0 in range(0, self.num_sources, self.group)]
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
     """First (mode, rotating buffers) candidate whose buffer list fits the budget."""
     tried = []
     for mode, nbuf in candidates:
-        if force_mode is not None and mode != force_mode:
+        if force_mode in ("slab", "stream") and mode != force_mode:
             continue
         buffers = buffers_for(mode, nbuf)
         if _fits(buffers, budget):
@@ -143,14 +151,19 @@ def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
 
 def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
                  enable_rmsnorm: bool = True, sbuf_budget: int = SBUF_USABLE_BYTES["trn2"],
-                 force_mode: str | None = None) -> ForwardPlan:
-    """Choose the forward's mode and buffer rotation; list its SBUF buffers (bytes/partition)."""
+                 force_mode: str | None = None, force_group: int | None = None) -> ForwardPlan:
+    """Choose the forward's source group and buffer rotation; list its SBUF buffers.
+
+    ``force_mode='stream'`` takes the largest group below L; ``force_group`` an exact group size.
+    """
     _check_common(num_sources, num_tokens, dim, dtype, lnc)
     _check_mode(force_mode)
+    forced = isinstance(force_group, int)  # kernel code: no `is None` (NKI 0.3-0.6)
+    if forced and not 1 <= force_group <= num_sources:
+        raise ValueError(f"group: expected 1..{num_sources} sources per group, got {force_group}")
     es = DTYPE_BYTES[dtype]
 
-    def buffers_for(mode: str, nbuf: int) -> dict[str, int]:
-        per_source = num_sources * dim * es if mode == "slab" else dim * es
+    def buffers_for(group: int, nbuf: int) -> dict[str, int]:
         return {
             "u": 4 * dim,  # s*gamma*w (or s*w) on every partition, fp32
             "product": 4 * dim,  # fp32 scratch: gamma staging, then the dot products
@@ -158,13 +171,28 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
             "h": nbuf * es * dim,
             "scores": _small_tiles(num_sources, 8),  # sumsq, dot, z, e, alpha, rms, rinv, mean_sq
             "columns": 4 * 8,  # [128, 1] statistics
-            "values": nbuf * per_source,  # slabs [L, D] or source tiles [D]
+            "values": nbuf * group * dim * es,  # rotating [group, D] slabs
         }
 
-    mode, nbuf, buffers = _choose([("slab", 2), ("stream", 2), ("stream", 1)], force_mode,
-                                  buffers_for, sbuf_budget)
-    return ForwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
-                       tuple(buffers.items()), sbuf_budget)
+    if forced:
+        candidates = [(force_group, 2), (force_group, 1)]
+    else:
+        top = num_sources - 1 if force_mode == "stream" and num_sources > 1 else num_sources
+        bottom = num_sources if force_mode == "slab" else 1
+        candidates = [(g, 2) for g in range(top, bottom - 1, -1)] + [(bottom, 1)]
+    tried = []
+    for group, nbuf in candidates:
+        buffers = buffers_for(group, nbuf)
+        if _fits(buffers, sbuf_budget):
+            if not forced:  # same number of groups, evenly sized (smaller slabs)
+                group = _ceil_div(num_sources, _ceil_div(num_sources, group))
+                buffers = buffers_for(group, nbuf)
+            mode = "slab" if group == num_sources else "stream"
+            return ForwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
+                               tuple(buffers.items()), sbuf_budget, group)
+        tried.append(f"group {group} x{nbuf}: {sum(buffers.values())} B")
+    raise ValueError(f"dim: no tiling fits the {sbuf_budget} usable SBUF bytes per partition "
+                     f"({'; '.join(tried[-2:])})")
 
 
 def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,

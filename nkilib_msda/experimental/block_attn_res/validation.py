@@ -74,11 +74,6 @@ def _check_like(name: str, x: Any, shape: tuple[int, ...], dtypes: Sequence[str]
         raise ValueError(f"{name}: expected device {device} (the blocks' device), got {_device(x)}")
 
 
-def _check_float(name: str, x: Any) -> None:
-    if dtype_name(x.dtype) not in (*KERNEL_DTYPES, "float64"):
-        raise ValueError(f"{name}: expected a float dtype, got {_describe(x)}")
-
-
 def _check_blocks(blocks: Any, partial_block: Any, allowed_dtypes: Sequence[str]
                   ) -> tuple[tuple[int, int, int], str, str | None, int]:
     if not isinstance(blocks, (list, tuple)):

@@ -11,11 +11,14 @@ tiles with different ``q_pack``:
 - row-index / weight tiles ``(n, 4)``: ``[sample, corner]`` with corner = 2 * y_side + x_side,
   i.e. (y0,x0), (y0,x1), (y1,x0), (y1,x1).
 
-All coordinate math is fp32. Safety: NaN coordinates are replaced by 0 with a bit mask (no
-reliance on max/min NaN semantics) and their samples get weight 0; every pixel coordinate is
-clamped to [-1, size] (zeros) or [0, size-1] (border) *before* the float->int cast, so each
-corner index is in range for any input; the floor is a real floor (RNE cast, then subtract
-``float(i) > x``). Row indices are in rows of the 2-D ``(B * rows, C_h)`` value view:
+All coordinate math is fp32. The (multiply, add) scalings and one cast run on the Scalar
+engine (trn2 ScalarE allows exactly these), the rest on the Vector engine; GpSimd stays free
+for the SWDGE descriptors of the indirect gathers. Safety: NaN coordinates are replaced by 0
+with a bit mask (no reliance on max/min NaN semantics) and their samples get weight 0; every
+pixel coordinate is clamped to [-1, size] (zeros) or [0, size-1] (border) *before* the
+float->int cast, so each corner index is in range for any input; the floor is a real floor
+(RNE cast, then subtract ``float(i) > x``). Row indices are in rows of the 2-D
+``(B * rows, C_h)`` value view:
 ``pixel * N_h + h`` (BLNC) or ``h * L + pixel`` (BNLC), exact in fp32 while ``L * N_h < 2^24``.
 """
 
@@ -30,20 +33,21 @@ __all__ = [
     "PARTITIONS", "tile_view", "load_locations", "load_attention", "store_rows",
     "sanitize_coordinates", "to_pixel_coordinates", "floor_with_fraction",
     "clamp_corners", "corner_factors", "build_head_offsets", "corner_rows",
-    "corner_weights", "pixel_scale",
+    "corner_weights", "pixel_scale", "mark_padded_rows",
 ]
 
 PARTITIONS = 128
 
 
 def tile_view(t: Any, dims: Sequence[Sequence[int]], offset: int = 0,
-              parts: int = PARTITIONS, dtype: Any = None) -> Any:
-    """View of a flat ``(128, F)`` on-chip tile: ``parts`` partitions x free ``dims``
-    ([stride, count] pairs, elements), starting ``offset`` elements into each partition."""
+              parts: int = PARTITIONS, dtype: Any = None, first_partition: int = 0) -> Any:
+    """View of a flat ``(P, F)`` on-chip tile: ``parts`` partitions from ``first_partition``
+    x free ``dims`` ([stride, count] pairs, elements), ``offset`` elements into each partition."""
     pattern = [[t.shape[1], parts]] + [[int(s), int(c)] for s, c in dims]
-    if dtype is None:
-        return t.ap(pattern, offset=offset)
-    return t.ap(pattern, offset=offset, dtype=dtype)
+    start = first_partition * t.shape[1] + offset
+    if not dtype:  # (NKI 0.3-0.6 rejects `is None`)
+        return t.ap(pattern, offset=start)
+    return t.ap(pattern, offset=start, dtype=dtype)
 
 
 def pixel_scale(size: int, align_corners: bool) -> tuple[float, float]:
@@ -131,7 +135,7 @@ def to_pixel_coordinates(xp: Any, p: MSDAProblem, slots: int) -> None:
                 nisa.memset(v, 0.0)
                 continue
             nisa.tensor_scalar(dst=v, data=v, op0=nl.multiply, operand0=scale,
-                               op1=nl.add, operand1=shift)
+                               op1=nl.add, operand1=shift, engine=nisa.engine.scalar)
             lo, hi = (-1.0, float(size)) if p.padding_mode == "zeros" else (0.0, float(size - 1))
             nisa.tensor_scalar(dst=v, data=v, op0=nl.maximum, operand0=lo,
                                op1=nl.minimum, operand1=hi)
@@ -146,7 +150,7 @@ def floor_with_fraction(floor_t: Any, frac_t: Any, xp: Any, int_scratch: Any, n2
     fl = tile_view(floor_t, flat)
     fr = tile_view(frac_t, flat)
     nisa.tensor_copy(dst=ints, src=x)        # round to nearest even
-    nisa.tensor_copy(dst=fl, src=ints)       # back to fp32
+    nisa.tensor_copy(dst=fl, src=ints, engine=nisa.engine.scalar)  # back to fp32
     nisa.tensor_tensor(dst=fr, data1=fl, data2=x, op=nl.greater)
     nisa.tensor_tensor(dst=fl, data1=fl, data2=fr, op=nl.subtract)   # floor
     nisa.tensor_tensor(dst=fr, data1=x, data2=fl, op=nl.subtract)    # fraction in [0, 1)
@@ -220,7 +224,7 @@ def corner_rows(rows: Any, corners: Any, head_off: Any, p: MSDAProblem, slots: i
     for level, ((_, width), start) in enumerate(zip(p.spatial_shapes, p.level_start_index)):
         ys = tile_view(corners, [[n, 2], [lp, slots], [1, np_]], offset=2 * n + level * np_)
         nisa.tensor_scalar(dst=ys, data=ys, op0=nl.multiply, operand0=float(width) * factor,
-                           op1=nl.add, operand1=float(start) * factor)
+                           op1=nl.add, operand1=float(start) * factor, engine=nisa.engine.scalar)
     # rows[sample, 2 * ys + xs] = y part[ys] + x part[xs]
     nisa.tensor_tensor(dst=tile_view(rows, [[4, n], [2, 2], [1, 2]]),
                        data1=tile_view(corners, [[1, n], [n, 2], [0, 2]], offset=2 * n),
@@ -236,3 +240,18 @@ def corner_weights(weights: Any, factors: Any, att: Any, n: int) -> None:
                        data1=tile_view(factors, [[1, n], [n, 2], [0, 2]], offset=2 * n),
                        data2=tile_view(factors, [[1, n], [0, 2], [n, 2]]),
                        op=nl.multiply)
+
+
+def mark_padded_rows(rows: Any, pad: Any, pad_ints: Any, parts: int, cols: int) -> None:
+    """Set the row indices of partitions >= ``parts`` to 0xFFFFFFFF (out of bounds), so an
+    indirect DMA with ``oob_mode.skip`` drops them instead of gathering padding.
+
+    ``rows``: uint32 (128, >= cols) with indices < 2^24; ``pad`` / ``pad_ints``: (128, 1) fp32 /
+    int32 scratch. Adding 2^32 saturates the uint32 write; every instruction starts at
+    partition 0 (the compute start-partition rule forbids writing partitions [parts, 128) alone).
+    """
+    nisa.iota(pad_ints, [[0, 1]], offset=-parts, channel_multiplier=1)          # p - parts
+    nisa.tensor_scalar(dst=pad, data=pad_ints, op0=nl.greater_equal, operand0=0.0,
+                       op1=nl.multiply, operand1=float(2 ** 32))
+    view = tile_view(rows, [[1, cols]])
+    nisa.tensor_scalar(dst=view, data=view, op0=nl.add, operand0=pad)

@@ -166,16 +166,6 @@ class BackwardConfig:
         return self.num_buffers * self.rows_per_batch - 1
 
     @property
-    def padded_scatter_index_base(self) -> int:
-        """First out-of-range row index used for padded scatter rows (skipped)."""
-        return self.buffer_rows_total
-
-    @property
-    def buffer_rows_total(self) -> int:
-        b, kk, r, _ = self.buffer_shape
-        return b * kk * r
-
-    @property
     def queries_per_core(self) -> int:
         return -(-self.problem.num_queries // self.lnc)
 

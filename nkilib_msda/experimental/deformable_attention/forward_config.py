@@ -14,11 +14,18 @@ unit-tested) in plain Python:
 - per-tile buffers (``tile_bufs`` copies): uint32 row indices and fp32 corner weights
   (``4 n`` words each) and the fp32 accumulator ``(S, C_h)``;
 - gather buffers (``gather_bufs`` copies): the gathered rows (copy path: ``(group_cols, C_h)``
-  in the value dtype; transpose path: one ``(C_t, dma_cols * 128)`` transposed block per
-  channel tile) and the fp32 weighted product ``(group_cols, C_h)`` that one
-  ``tensor_reduce`` folds into the accumulator;
+  in the value dtype; transpose path: one ``(stack * C_t, dma_cols / stack * 128)``
+  transposed block per channel tile) and the fp32 weighted product ``(group_cols, C_h)``
+  that one ``tensor_reduce`` folds into the accumulator;
 - PSUM (transpose path): ``psum_bufs`` bank-sized blocks of ``psum_cols`` un-transposed
   columns ``(128, psum_cols, C_h)`` in the value dtype.
+
+*Stacking* (transpose path, C_h <= 64): ``stack = 128 // C_h`` index columns share one
+Tensor-engine transpose. A DMA block of ``dma_cols`` columns is gathered by ``stack``
+indirect transposes (column ``d0 + i * stack + j`` by transpose ``j`` into partitions
+``[j * C_h, (j + 1) * C_h)``), so one ``nc_transpose`` of ``(stack * C_h, 128)`` yields
+``stack`` consecutive columns ``(128, stack * C_h)`` in PSUM: 4x fewer PE instructions at
+C_h = 32 with the same descriptors.
 
 A *reduce group* is either several whole slots (``group_cols = g * 4 N_l N_p``) or a piece of
 one slot (pieces after the first add into the accumulator through a ``(128, C_h)`` scratch).
@@ -95,7 +102,8 @@ class ForwardConfig:
     lnc: int
     gather_method: str            # resolved: "transpose" or "copy"
     q_pack: int                   # queries per partition in full tiles
-    dma_cols: int                 # index columns per indirect DMA (copy path: 1)
+    dma_cols: int                 # index columns per DMA block (copy path: 1)
+    stack: int                    # columns per PE transpose (1 for copy or C_h > 64)
     group_cols_max: int           # columns per reduce group (whole slots or a slot piece)
     psum_cols: int                # columns per PSUM block (transpose path)
     channel_tiles: tuple[tuple[int, int], ...]
@@ -104,6 +112,11 @@ class ForwardConfig:
     psum_bufs: int
 
     # -- derived sizes ---------------------------------------------------------------------
+    @property
+    def dma_cols_per_instruction(self) -> int:
+        """Index columns (of 128 indices) consumed by one indirect DMA instruction."""
+        return -(-self.dma_cols // self.stack)
+
     @property
     def cols_per_slot(self) -> int:
         """4 * N_l * N_p index columns per (query, head)."""
@@ -119,15 +132,6 @@ class ForwardConfig:
     @property
     def value_bytes(self) -> int:
         return DTYPE_BYTES[self.value_dtype]
-
-    @property
-    def row_stride_factor(self) -> int:
-        """Pixel -> row multiplier: rows are (pixel * N_h + h) for BLNC, (h * L + pixel) for BNLC."""
-        return self.problem.num_heads if self.problem.value_layout == "BLNC" else 1
-
-    @property
-    def head_row_step(self) -> int:
-        return 1 if self.problem.value_layout == "BLNC" else self.problem.total_pixels
 
     # -- query tiling ----------------------------------------------------------------------
     def core_range(self, core: int) -> tuple[int, int]:
@@ -183,6 +187,7 @@ class ForwardConfig:
         out = {
             "coord_scratch": (COORD_SCRATCH_WORDS * n * 4, 1),
             "head_offsets": (self.slots(self.q_pack) * 8, 1),
+            "padding_marks": (8 if self.gather_method == "transpose" else 0, 1),
             "indices": (4 * n * 4, self.tile_bufs),
             "weights": (4 * n * 4, self.tile_bufs),
             "accumulator": (self.slots(self.q_pack) * c * 4, self.tile_bufs),
@@ -192,8 +197,8 @@ class ForwardConfig:
         if self.gather_method == "copy":
             out["gathered"] = (self.group_cols_max * c * self.value_bytes, self.gather_bufs)
         else:
-            out["gathered_t"] = (len(self.channel_tiles) * self.dma_cols * PARTITIONS
-                                 * self.value_bytes, self.gather_bufs)
+            out["gathered_t"] = (len(self.channel_tiles) * self.dma_cols_per_instruction
+                                 * PARTITIONS * self.value_bytes, self.gather_bufs)
         return out
 
     @property
@@ -209,7 +214,8 @@ class ForwardConfig:
 
     def describe(self) -> str:
         return (f"ForwardConfig(gather={self.gather_method}, q_pack={self.q_pack}, "
-                f"dma_cols={self.dma_cols}, group_cols={self.group_cols_max}, "
+                f"dma_cols={self.dma_cols}, stack={self.stack}, "
+                f"group_cols={self.group_cols_max}, "
                 f"psum_cols={self.psum_cols}, channel_tiles={len(self.channel_tiles)}, "
                 f"bufs tile/gather/psum={self.tile_bufs}/{self.gather_bufs}/{self.psum_bufs}, "
                 f"sbuf={self.sbuf_bytes} B/partition of {TRN2_SBUF_BUDGET})")
@@ -271,25 +277,30 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
             f"must stay below 2^24 = {FP32_EXACT_INT_MAX} (fp32-exact index arithmetic)")
     method = _resolve_gather_method(gather_method, value_dtype, problem.head_dim)
     cps = 4 * problem.num_levels * problem.num_points
-    if max_indices_per_indirect is not None:
-        if not isinstance(max_indices_per_indirect, int) or isinstance(max_indices_per_indirect, bool):
+    # `== None`, not `is None`: NKI 0.3-0.6 rejects `is` in code that kernels call.
+    if max_indices_per_indirect != None:  # noqa: E711
+        cap = max_indices_per_indirect
+        if not isinstance(cap, int) or isinstance(cap, bool):
             raise TypeError(f"max_indices_per_indirect: expected an int or None, "
                             f"got {max_indices_per_indirect!r}")
         if max_indices_per_indirect < PARTITIONS:
             raise ValueError(f"max_indices_per_indirect: expected >= {PARTITIONS} (one index "
                              f"column of 128 partitions), got {max_indices_per_indirect}")
-    dma_cap = (DEFAULT_DMA_COLS if max_indices_per_indirect is None
+    dma_cap = (DEFAULT_DMA_COLS if max_indices_per_indirect == None  # noqa: E711
                else max_indices_per_indirect // PARTITIONS)
     c = problem.head_dim
     vbytes = DTYPE_BYTES[value_dtype]
-    psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes)) if method == "transpose" else 1
+    stack = PARTITIONS // c if method == "transpose" and 2 * c <= PARTITIONS else 1
+    psum_cols = 1
+    if method == "transpose":
+        psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes) // stack) * stack
     base = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
                 channel_tiles=_channel_tiles(c) if method == "transpose" else ((0, c),),
                 psum_bufs=2 if method == "transpose" else 0)
 
     def make(q_pack: int, group: int, dma: int, tile_bufs: int, gather_bufs: int) -> ForwardConfig:
-        dma_cols = 1 if method == "copy" else min(dma, group)
-        return ForwardConfig(q_pack=q_pack, dma_cols=dma_cols, group_cols_max=group,
+        dma_cols = 1 if method == "copy" else min(dma * stack, group)
+        return ForwardConfig(q_pack=q_pack, dma_cols=dma_cols, stack=stack, group_cols_max=group,
                              psum_cols=min(psum_cols, group), tile_bufs=tile_bufs,
                              gather_bufs=gather_bufs, **base)
 
@@ -307,7 +318,7 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
                 break
         if chosen:
             break
-    if chosen is None:
+    if not chosen:
         smallest = make(1, 1, 1, 1, 1)
         raise ValueError(
             f"MSDA forward does not fit trn2 SBUF: even the smallest plan needs "
@@ -318,7 +329,8 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     local_q = -(-problem.num_queries // lnc)
     q_pack = 1
     while (q_pack * 2 <= max_q_pack and local_q >= q_pack * 2 * PARTITIONS):
-        bigger = make(q_pack * 2, chosen.group_cols_max, chosen.dma_cols, chosen.tile_bufs,
+        bigger = make(q_pack * 2, chosen.group_cols_max, chosen.dma_cols_per_instruction,
+                      chosen.tile_bufs,
                       chosen.gather_bufs)
         if bigger.sbuf_bytes > sbuf_budget:
             break

@@ -14,17 +14,24 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   dim-0 stride, so gathers run on the 2-D ``(B * rows, C_h)`` view of ``value`` with the
   batch in the AP offset: exact while ``L * N_h < 2^24`` (checked up front) instead of
   ``L * N_h * C_h < 2^24`` for element offsets.
-- **Gather, "transpose"** (2-byte values): one indirect ``dma_transpose`` per block of
-  ``dma_cols`` index columns and 128-channel tile brings ``(C_t, dma_cols * 128)`` to SBUF;
-  per column a Tensor-engine ``nc_transpose`` puts ``(128, C_t)`` into a bank-sized PSUM block;
-  one ``tensor_tensor`` multiplies the PSUM block by the (broadcast) corner weights into an
-  fp32 product, and one ``tensor_reduce`` per reduce group adds the columns of each (query,
-  head) into the fp32 accumulator.
+- **Gather, "transpose"** (2-byte values): indirect ``dma_transpose`` of up to
+  ``dma_cols / stack`` index columns (x 128 indices) and <= 128 channels each brings the rows
+  to SBUF transposed, ``(channels, columns * 128)``. With C_h <= 64, ``stack = 128 // C_h``
+  such transposes fill disjoint partition ranges so that one Tensor-engine ``nc_transpose`` of
+  ``(stack * C_h, 128)`` un-transposes ``stack`` columns at once (256 instead of 1,024 PE
+  instructions per 128 queries at C_h = 32) into a bank-sized PSUM block; one
+  ``tensor_tensor`` multiplies the PSUM block by the (broadcast) corner weights into an fp32
+  product, and one ``tensor_reduce`` per reduce group adds the columns of each (query, head)
+  into the fp32 accumulator. C_h > 128 uses several channel tiles (144 = 128 + 16).
 - **Gather, "copy"** (any dtype; fp32 values always use it): one indirect ``dma_copy`` per
-  index column ``(128, C_h)``, then the same multiply + reduce straight from SBUF.
+  index column ``(rows, C_h)`` (multi-column index tiles are documented for dma_transpose
+  only), then the same multiply + reduce straight from SBUF; ragged tiles gather only their
+  real rows.
 - Every corner of every sample is exactly one descriptor of ``C_h * dtype`` bytes per
   channel tile; no pixel is gathered twice. Padded partitions of a ragged tile compute with
-  zero coordinates and weights (valid indices, no uninitialised reads) and are not stored.
+  zero coordinates and weights (no uninitialised reads) and are not stored; they gather
+  nothing (copy: only real rows are addressed; transpose: their indices are set out of
+  bounds and the tile's indirect transposes use ``oob_mode.skip``).
 - Accumulation is fp32; the store DMA casts once to the value dtype.
 
 Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
@@ -105,13 +112,15 @@ class _Buffers:
                                         name=f"gathered{i}") for i in range(cfg.gather_bufs)]
         else:
             self.gathered_t = [
-                [nl.ndarray((c1 - c0, cfg.dma_cols * PARTITIONS), dtype=value_dtype, buffer=sb,
-                            name=f"gathered_t{i}_{t}")
+                [nl.ndarray((cfg.stack * (c1 - c0), cfg.dma_cols_per_instruction * PARTITIONS),
+                            dtype=value_dtype, buffer=sb, name=f"gathered_t{i}_{t}")
                  for t, (c0, c1) in enumerate(cfg.channel_tiles)]
                 for i in range(cfg.gather_bufs)]
             self.psum = [nl.ndarray((PARTITIONS, cfg.psum_cols * c), dtype=value_dtype,
                                     buffer=nl.psum, name=f"untransposed{i}")
                          for i in range(cfg.psum_bufs)]
+            self.pad = nl.ndarray((PARTITIONS, 1), dtype=f32, buffer=sb, name="pad")
+            self.pad_ints = nl.ndarray((PARTITIONS, 1), dtype=i32, buffer=sb, name="pad_ints")
 
 
 def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, cfg: ForwardConfig,
@@ -135,56 +144,79 @@ def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, cfg: ForwardConfig
 
 def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
                       cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
-                      psum_counter: list) -> None:
-    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (transpose path)."""
+                      psum_counter: list, oob: Any) -> None:
+    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (transpose path).
+
+    Per DMA block [d0, d0 + dn) and channel tile: ``stack`` indirect transposes, transpose j
+    gathering columns d0 + j, d0 + j + stack, ... into partitions [j * C_t, (j + 1) * C_t);
+    then one PE transpose per ``stack`` consecutive columns into a PSUM block, and one
+    multiply by the broadcast corner weights per PSUM block. ``oob``: oob_mode.skip for
+    ragged tiles, whose padded rows hold 0xFFFFFFFF (see mark_padded_rows).
+    """
     c = cfg.problem.head_dim
+    stack = cfg.stack
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
-        index_block = smp.tile_view(rows, [[1, dn]], offset=d0)
         for t, (c0, c1) in enumerate(cfg.channel_tiles):
-            src = value_rows.ap([[c, dn * PARTITIONS], [1, c1 - c0]], offset=batch_offset + c0,
-                                vector_offset=index_block)
-            dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, dn * PARTITIONS]], parts=c1 - c0)
-            nisa.dma_transpose(dst=dst, src=src)
+            ct = c1 - c0
+            for j in range(min(stack, dn)):
+                m = (dn - j + stack - 1) // stack
+                src = value_rows.ap([[c, m * PARTITIONS], [1, ct]], offset=batch_offset + c0,
+                                    vector_offset=smp.tile_view(rows, [[stack, m]], offset=d0 + j))
+                dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
+                                    first_partition=j * ct)
+                nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
         for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
             ps = buf.psum[psum_counter[0] % cfg.psum_bufs]
             psum_counter[0] += 1
-            for k in range(k0, k0 + kn):
+            for s0 in range(k0, k0 + kn, stack):
+                f = min(stack, k0 + kn - s0)
+                i = (s0 - d0) // stack
                 for t, (c0, c1) in enumerate(cfg.channel_tiles):
+                    ct = c1 - c0
                     nisa.nc_transpose(
-                        dst=smp.tile_view(ps, [[1, c1 - c0]], offset=(k - k0) * c + c0),
+                        dst=smp.tile_view(ps, [[1, f * ct]], offset=(s0 - k0) * c + c0),
                         data=smp.tile_view(buf.gathered_t[gbuf][t], [[1, PARTITIONS]],
-                                           offset=(k - d0) * PARTITIONS, parts=c1 - c0))
-            nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c),
+                                           offset=i * PARTITIONS, parts=f * ct))
+            dst = smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c)
+            nisa.tensor_tensor(dst=dst,
                                data1=smp.tile_view(ps, [[c, kn], [1, c]]),
                                data2=smp.tile_view(weights, [[1, kn], [0, c]], offset=k0),
                                op=nl.multiply)
 
 
 def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
-                 cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any) -> None:
-    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (copy path)."""
+                 cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
+                 parts: int) -> None:
+    """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (copy path).
+
+    Only the tile's ``parts`` real partitions are gathered and weighted: one-column indirect
+    copies need no padding to 128 rows.
+    """
     c = cfg.problem.head_dim
     gathered = buf.gathered[gbuf]
     for k in range(grp.col0, grp.col0 + grp.cols):
-        src = value_rows.ap([[c, PARTITIONS], [1, c]], offset=batch_offset,
-                            vector_offset=smp.tile_view(rows, [[1, 1]], offset=k))
-        nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c), src=src)
-    nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, grp.cols], [1, c]]),
-                       data1=smp.tile_view(gathered, [[c, grp.cols], [1, c]]),
-                       data2=smp.tile_view(weights, [[1, grp.cols], [0, c]], offset=grp.col0),
+        src = value_rows.ap([[c, parts], [1, c]], offset=batch_offset,
+                            vector_offset=smp.tile_view(rows, [[1, 1]], offset=k, parts=parts))
+        nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c,
+                                        parts=parts), src=src)
+    nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, grp.cols], [1, c]], parts=parts),
+                       data1=smp.tile_view(gathered, [[c, grp.cols], [1, c]], parts=parts),
+                       data2=smp.tile_view(weights, [[1, grp.cols], [0, c]], offset=grp.col0,
+                                           parts=parts),
                        op=nl.multiply)
 
 
-def _reduce_group(buf: _Buffers, prod: Any, acc: Any, cfg: ForwardConfig, grp: Any) -> None:
-    """acc[slot] (+)= sum over the group's columns of prod (fp32)."""
+def _reduce_group(buf: _Buffers, prod: Any, acc: Any, cfg: ForwardConfig, grp: Any,
+                  parts: int) -> None:
+    """acc[slot] (+)= sum over the group's columns of prod (fp32), on ``parts`` partitions."""
     c = cfg.problem.head_dim
     per_slot = grp.cols // grp.slots
-    data = smp.tile_view(prod, [[per_slot * c, grp.slots], [1, c], [c, per_slot]])
-    target = smp.tile_view(acc, [[c, grp.slots], [1, c]], offset=grp.slot0 * c)
+    data = smp.tile_view(prod, [[per_slot * c, grp.slots], [1, c], [c, per_slot]], parts=parts)
+    target = smp.tile_view(acc, [[c, grp.slots], [1, c]], offset=grp.slot0 * c, parts=parts)
     if grp.first_piece:
         nisa.tensor_reduce(dst=target, op=nl.add, data=data, axis=3)
         return
-    piece = smp.tile_view(buf.piece_sum, [[c, 1], [1, c]])
+    piece = smp.tile_view(buf.piece_sum, [[c, 1], [1, c]], parts=parts)
     nisa.tensor_reduce(dst=piece, op=nl.add, data=data, axis=3)
     nisa.tensor_tensor(dst=target, data1=target, data2=piece, op=nl.add)
 
@@ -217,9 +249,15 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
     value_rows = value.reshape((p.batch * rows_per_batch, p.head_dim))
     buf = _Buffers(cfg, value.dtype)
     smp.build_head_offsets(buf.head_off, buf.head_ints, p, cfg.q_pack)
+    q_lo, q_hi = cfg.core_range(core)
+    transpose = cfg.gather_method == "transpose"
+    if transpose and any(t.partitions < PARTITIONS for t in cfg.tiles(q_lo, q_hi)):
+        # Skipped (padded) rows leave the gather buffers unchanged: make that defined data.
+        for per_channel_tile in buf.gathered_t:
+            for gt in per_channel_tile:
+                nisa.memset(gt, 0.0)
     psum_counter = [0]
     tile_index = 0
-    q_lo, q_hi = cfg.core_range(core)
     for b in range(p.batch):
         batch_offset = b * rows_per_batch * p.head_dim
         for tile in cfg.tiles(q_lo, q_hi):
@@ -228,15 +266,24 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             rows, weights, acc = buf.rows[slot], buf.weights[slot], buf.acc[slot]
             _coordinate_phase(buf, rows, weights, cfg, sampling_locations, attention_weights,
                               b, tile)
+            # One-column copies gather only the real partitions; the transpose path needs
+            # 128-row index blocks, so a ragged tile marks its padded rows out of bounds and
+            # its indirect transposes skip them.
+            parts = PARTITIONS if transpose else tile.partitions
+            ragged = tile.partitions < PARTITIONS
+            if transpose and ragged:
+                smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions,
+                                     4 * cfg.samples(tile.q_pack))
+            oob = nisa.oob_mode.skip if ragged else nisa.oob_mode.error
             for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
                 gbuf = gi % cfg.gather_bufs
                 prod = buf.prod[gbuf]
                 if cfg.gather_method == "copy":
                     _gather_copy(buf, gbuf, prod, rows, weights, cfg, value_rows, batch_offset,
-                                 grp)
+                                 grp, parts)
                 else:
                     _gather_transpose(buf, gbuf, prod, rows, weights, cfg, value_rows,
-                                      batch_offset, grp, psum_counter)
-                _reduce_group(buf, prod, acc, cfg, grp)
+                                      batch_offset, grp, psum_counter, oob)
+                _reduce_group(buf, prod, acc, cfg, grp, parts)
             smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)
     return out

@@ -6,11 +6,13 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
   coordinates sanitized and masked; hostile values clamped before any index is formed).
 - Gathers (only when grad_sampling_locations or grad_attention_weights is wanted): indirect
   ``dma_transpose`` of <= 128-channel chunks (2-byte values; multi-column uint32 index tiles
-  batch M_g columns) plus PE transposes back, or indirect ``dma_copy`` (any dtype; with a cap
-  >= 256 one index fetches the (x0, x1) corner pair as two runs).
+  batch M_g columns; no cap = upstream's packet limit) plus PE transposes back, or indirect
+  ``dma_copy`` (any dtype; with no cap or a cap >= 256 one index fetches the (x0, x1) corner
+  pair as two runs). fp32 values always take the copy path (dma_transpose is 2-byte only).
 - grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
   per instruction (``max_scatter_indices_per_indirect`` <= 128 shrinks the partitions per
-  scatter and K; >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets round robin,
+  scatter and K; no cap or >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets
+  (default 1) take successive scatter DMAs round robin,
   fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
 
 Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32, shape

@@ -71,6 +71,18 @@ def check_not_both_psum(instruction: str, a: NkiTensor, b: Any, names: str) -> N
                         f"{names} are both in PSUM; at most one tensor input may be in PSUM")
 
 
+def check_psum_inputs(instruction: str, **inputs: Any) -> None:
+    """Vector engine: at most one tensor input may be in PSUM (nki-subset.md §1, §7a.4).
+    Applied to every tensor input, (P, 1) operand tiles included (conservative: the docs
+    state it for "the two tensor inputs")."""
+    in_psum = [name for name, t in inputs.items()
+               if isinstance(t, NkiTensor) and t.buffer == "psum"]
+    if len(in_psum) > 1:
+        raise nki_error(instruction, "two PSUM inputs",
+                        f"{' and '.join(in_psum)} are all in PSUM; at most one tensor input of a "
+                        "Vector instruction may be in PSUM")
+
+
 def partitions(t: NkiTensor) -> tuple[int, int, int]:
     """(start partition, number of partitions, elements per partition)."""
     return access.partition_info(t)
@@ -161,8 +173,15 @@ def write_masked(dst: NkiTensor, values: np.ndarray, mask: np.ndarray, instructi
 MATMUL_FLAGS = "matmul_initialised"
 
 
-def _flag_bytes(t: NkiTensor) -> np.ndarray:
-    return (t.addresses().reshape(-1) * t.dtype.itemsize).astype(np.int64)
+_FLAG_DTYPES = {1: (np.uint8, 0x01), 2: (np.uint16, 0x0101), 4: (np.uint32, 0x01010101),
+                8: (np.uint64, 0x0101010101010101)}
+
+
+def _flag_view(t: NkiTensor, flags: np.ndarray) -> tuple[np.ndarray, int]:
+    """The per-byte flags of ``t``'s elements as a strided view (one integer per element;
+    an element is flagged when every one of its bytes is)."""
+    dtype, full = _FLAG_DTYPES[t.dtype.itemsize]
+    return t.np_view(flags, dtype, t.dtype.itemsize), full
 
 
 def matmul_flags(t: NkiTensor) -> np.ndarray:
@@ -170,20 +189,22 @@ def matmul_flags(t: NkiTensor) -> np.ndarray:
     flags = t.storage.aux.get(MATMUL_FLAGS)
     if flags is None:
         return np.zeros(t.shape, dtype=bool)
-    return flags[_flag_bytes(t)].reshape(t.shape).astype(bool)
+    view, full = _flag_view(t, flags)
+    return view == full
 
 
 def set_matmul_flags(t: NkiTensor) -> None:
     flags = t.storage.aux.get(MATMUL_FLAGS)
     if flags is None:
         flags = t.storage.aux[MATMUL_FLAGS] = np.zeros(t.storage.data.size, dtype=np.uint8)
-    flags[_flag_bytes(t)] = 1
+    view, full = _flag_view(t, flags)
+    view[...] = full
 
 
 def clear_matmul_flags(t: NkiTensor) -> None:
     flags = t.storage.aux.get(MATMUL_FLAGS)
     if flags is not None:
-        flags[_flag_bytes(t)] = 0
+        _flag_view(t, flags)[0][...] = 0
 
 
 def record(engine: str, opcode: str, elements: int) -> None:

@@ -48,7 +48,7 @@ class _Operand:
 
     storage: Storage
     dtype: Any
-    addr: np.ndarray  # int64, operand shape (rows first for indirect operands)
+    addr: np.ndarray | None  # int64, operand shape (rows first); None: from ``tensor``
     valid: np.ndarray | None  # bool, operand shape; None = all valid
     kind: str  # static | indirect | dynamic
     side: str  # hbm | sbuf
@@ -58,10 +58,18 @@ class _Operand:
     overlap_free: bool = False  # proven: no element addressed twice
     row_bases: np.ndarray | None = None  # indirect: valid rows' start addresses
     row_extent: int = 0  # indirect: elements spanned by one row
+    row_runs: tuple[np.ndarray, np.ndarray] | None = None  # indirect: (run starts, lengths)
+    tensor: NkiTensor | None = None  # static operands compute addresses lazily
 
     def __post_init__(self) -> None:
         if self.flat is None:
-            self.flat = self.addr.reshape(-1)
+            self.flat = self.shaped().reshape(-1)
+
+    def shaped(self) -> np.ndarray:
+        """Addresses in the operand's shape."""
+        if self.addr is None:
+            self.addr = self.tensor.addresses()
+        return self.addr
 
     @property
     def itemsize(self) -> int:
@@ -71,7 +79,7 @@ class _Operand:
         """Flat addresses of the transferred elements (a slice when possible)."""
         if mask is None:
             return self.flat
-        return self.addr.reshape(-1)[mask]
+        return self.shaped().reshape(-1)[mask]
 
 
 def _enum(instruction: str, name: str, value: Any, cls: type[Enum]) -> Enum:
@@ -117,6 +125,29 @@ def _run_histogram(acc: IndirectAccess, rows: int) -> dict[int, int]:
     return {size: count * rows for size, count in per_row.items()}
 
 
+_ROW_RUNS_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
+_MAX_RUNS_PER_ROW = 64
+
+
+def _row_runs(acc: IndirectAccess) -> tuple[np.ndarray, np.ndarray] | None:
+    """(starts, lengths) of the contiguous runs of one row, relative to the row start; None
+    when a row has more than ``_MAX_RUNS_PER_ROW`` runs (the generic check is then used)."""
+    key = (acc.shape[1:], acc.free_strides)
+    if key in _ROW_RUNS_CACHE:
+        return _ROW_RUNS_CACHE[key]
+    flat = np.sort(acc.row_offsets().reshape(-1))
+    breaks = np.flatnonzero(np.diff(flat) != 1) + 1
+    starts_at = np.concatenate(([0], breaks))
+    runs = None
+    if starts_at.size <= _MAX_RUNS_PER_ROW:
+        lengths = np.diff(np.concatenate((starts_at, [flat.size])))
+        runs = (flat[starts_at].astype(np.int64), lengths.astype(np.int64))
+    if len(_ROW_RUNS_CACHE) > 4096:
+        _ROW_RUNS_CACHE.clear()
+    _ROW_RUNS_CACHE[key] = runs
+    return runs
+
+
 def _oob_rows(instruction: str, acc: IndirectAccess, rows: np.ndarray, base: np.ndarray,
               extent: int, oob: Enum) -> np.ndarray | None:
     """Bool (R,) of rows that address anything outside the receiver's storage (None: none).
@@ -159,7 +190,8 @@ def _resolve_indirect(instruction: str, acc: IndirectAccess, rows: np.ndarray,
     hist = _run_histogram(acc, rows.size - n_bad)
     row_ok = not may_overlap(acc.shape[1:], acc.free_strides)
     return _Operand(acc.storage, acc.dtype, addr, valid, "indirect", "hbm", hist, n_bad,
-                    row_bases=ok_bases, row_extent=extent if row_ok else -1)
+                    row_bases=ok_bases, row_extent=extent if row_ok else -1,
+                    row_runs=_row_runs(acc) if row_ok else None)
 
 
 def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:
@@ -182,6 +214,8 @@ def _resolve_dynamic(instruction: str, acc: DynamicAccess, oob: Enum) -> _Operan
     addr = static + (acc.offset + value * acc.scale)
     numel = acc.storage.numel(acc.dtype.itemsize)
     bad = addr.size and (addr.min() < 0 or addr.max() >= numel)
+    if acc.limit is not None and not 0 <= value < acc.limit:
+        bad = True
     if acc.storage.is_on_chip and not bad:
         ppe = acc.storage.ppe(acc.dtype.itemsize)
         parts = acc.offset // ppe + np.arange(acc.shape[0]).reshape((-1,) + (1,) * (addr.ndim - 1))
@@ -199,8 +233,9 @@ def _resolve_dynamic(instruction: str, acc: DynamicAccess, oob: Enum) -> _Operan
 
 def _resolve_static(t: NkiTensor) -> _Operand:
     flat = t.flat_index()
-    return _Operand(t.storage, t.dtype, t.addresses(), None, "static", _side(t), flat=flat,
-                    overlap_free=isinstance(flat, slice) or not may_overlap(t.shape, t.strides))
+    return _Operand(t.storage, t.dtype, None, None, "static", _side(t), flat=flat,
+                    overlap_free=isinstance(flat, slice) or not may_overlap(t.shape, t.strides),
+                    tensor=t)
 
 
 def _resolve(instruction: str, x: Any, oob: Enum) -> _Operand:
@@ -219,6 +254,8 @@ def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray 
         bases = np.sort(dst.row_bases)
         if bases.size < 2 or int(np.diff(bases).min()) >= dst.row_extent:
             return  # distinct, non-overlapping rows
+        if dst.row_runs is not None and _runs_disjoint(bases, *dst.row_runs):
+            return  # interleaved rows whose contiguous runs never meet
     addr = dst.index(mask)
     if isinstance(addr, slice) or addr.size < 2:
         return
@@ -235,6 +272,16 @@ def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray 
                         "two indirect rows of one scatter write the same destination elements; "
                         "on hardware the DMA writes race and updates are lost (use unique "
                         "indices, or simulate(..., duplicate_scatter='last_writer_wins'))")
+
+
+def _runs_disjoint(bases: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether rows starting at ``bases`` (sorted), each made of the contiguous runs
+    ``[base + starts[k], base + starts[k] + lengths[k])``, address every element at most once.
+    Exact: the sorted intervals are disjoint iff each ends before the next one starts."""
+    lo = (bases[:, None] + starts[None, :]).reshape(-1)
+    hi = lo + np.broadcast_to(lengths, (bases.size, lengths.size)).reshape(-1)
+    order = np.argsort(lo, kind="stable")
+    return bool(np.all(lo[order][1:] >= hi[order][:-1]))
 
 
 def _transfer_mask(*ops: _Operand) -> np.ndarray | None:
@@ -402,12 +449,12 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mod
     else:
         s = _resolve(ins, src, oob)
     d = _resolve_static(dst)
-    src_addr = np.transpose(s.addr, axes_t).reshape(-1)
-    d_addr = d.addr.reshape(-1)
+    src_addr = np.transpose(s.shaped(), axes_t).reshape(-1)
+    d_addr = d.flat
     _check_destination_unique(ins, d, None)
     if s.valid is not None:
         keep = np.transpose(s.valid, axes_t).reshape(-1)
-        src_addr, d_addr = src_addr[keep], d_addr[keep]
+        src_addr, d_addr = src_addr[keep], d.index(keep)
     values = read_raw(s.storage, src_addr, s.dtype, ins, src.name)
     write_raw(d.storage, d_addr, values, d.dtype)
     _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size))

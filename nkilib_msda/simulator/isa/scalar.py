@@ -24,7 +24,7 @@ from nkilib_msda.simulator.dtypes import tfloat32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
 
-__all__ = ["activation", "activation_reduce"]
+__all__ = ["activation", "activation_reduce", "activate2", "exponential"]
 
 
 def _activation_op(instr: str, op: Any) -> NkiOp:
@@ -109,3 +109,26 @@ def activation_reduce(dst: Any, op: Any, data: Any, reduce_op: Any, reduce_res: 
     activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op,
                reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, name=name)
 
+
+
+def _trn3_only(instr: str) -> None:
+    """Instructions that exist only on NeuronCore-v4 (trn3) and are not modelled here."""
+    from nkilib_msda.simulator.context import current
+
+    target = current().target
+    if not target.is_trn3:
+        raise nki_error(instr, "trn3-only instruction",
+                        f"nisa.{instr} exists only on trn3 (NeuronCore-v4); the target is "
+                        f"{target.name}: use nisa.activation")
+    raise nki_error(instr, "not modelled",
+                    f"nisa.{instr} (trn3) is not modelled by this emulator; use nisa.activation")
+
+
+def activate2(*args: Any, **kwargs: Any) -> None:
+    """trn3-only two-op activation: rejected on trn2 ("trn3-only instruction"), not modelled."""
+    _trn3_only("activate2")
+
+
+def exponential(*args: Any, **kwargs: Any) -> None:
+    """trn3-only ``exp`` with max subtraction: rejected on trn2, not modelled on trn3."""
+    _trn3_only("exponential")

@@ -15,6 +15,7 @@ rule assumes every PSUM tensor starts on a bank boundary (the allocator's placem
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -58,8 +59,11 @@ def _check_psum_bank(instr: str, dst: Any) -> None:
     if target.is_trn3:
         return
     ppe = dst.storage.ppe(dst.dtype.itemsize)
-    free = dst.addresses() % ppe * dst.dtype.itemsize
-    first, last = int(free.min()), int(free.max()) + dst.dtype.itemsize - 1
+    # Strides are >= 0 and on-chip free dims stay inside a partition, so the lowest and
+    # highest free element of every partition follow from the offset and the free strides.
+    f0 = dst.offset % ppe
+    f1 = f0 + sum(s * (n - 1) for s, n in zip(dst.strides[1:], dst.shape[1:]))
+    first, last = f0 * dst.dtype.itemsize, (f1 + 1) * dst.dtype.itemsize - 1
     bank = target.psum_bank_bytes
     if first // bank != last // bank:
         raise nki_error(instr, "PSUM bank",
@@ -101,6 +105,9 @@ def nc_matmul(dst: Any, stationary: Any, moving: Any, is_stationary_onezero: boo
     ops.require_tensor(instr, "moving", moving, ops.SBUF_ONLY)
     if accumulate not in (None, True, False):
         raise nki_error(instr, "accumulate", f"accumulate must be None, True or False, got {accumulate!r}")
+    if perf_mode is not None and not isinstance(perf_mode, Enum):
+        raise nki_error(instr, "enum argument",
+                        f"perf_mode must be a nisa.matmul_perf_mode member, got {perf_mode!r}")
     if perf_mode is not None and getattr(perf_mode, "name", None) != "none":
         raise nki_error(instr, "perf_mode", f"perf_mode={perf_mode!r} is not modelled by the emulator")
     access.check_compute_partitions(instr, dst, stationary, moving)

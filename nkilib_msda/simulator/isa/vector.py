@@ -169,6 +169,8 @@ def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool =
                             f"{current().target.name}: the Scalar engine supports only "
                             "(multiply, add), (multiply, None), (add, None) without reverse")
     ops.check_no_psum_on_gpsimd(instr, eng, dst, data, *vector_tiles)
+    if eng == "vector":
+        ops.check_psum_inputs(instr, data=data, operand0=operand0, operand1=operand1)
 
     _, p, _ = ops.partitions(data)
     if bitvec:
@@ -216,6 +218,7 @@ def scalar_tensor_tensor(dst: Any, data: Any, op0: Any, operand0: Any, op1: Any,
     ops.require_tensor(instr, "data", data)
     ops.require_tensor(instr, "operand1", operand1)
     ops.check_not_both_psum(instr, data, operand1, "data and operand1")
+    ops.check_psum_inputs(instr, data=data, operand0=operand0, operand1=operand1)
     vector_tiles = ops.tensor_operands(operand0 if op0.arity == 2 else None)
     access.check_same_shape_per_partition(instr, dst, data, operand1)
     access.check_compute_partitions(instr, dst, data, operand1, *vector_tiles)
@@ -439,6 +442,7 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
         raise nki_error(instr, "on_true dtype", f"on_true cannot be {on_true.dtype}")
     if resolve_alu(reduce_op, instr) is not maximum:
         raise nki_error(instr, "reduce op", f"reduce_op must be nl.maximum, got {reduce_op!r}")
+    ops.check_psum_inputs(instr, predicate=predicate, on_true=on_true, on_false=on_false)
     access.check_same_shape_per_partition(instr, dst, predicate, on_true)
     tiles = [dst, predicate, on_true] + ops.tensor_operands(on_false, reduce_res)
     access.check_compute_partitions(instr, *tiles)
@@ -450,7 +454,11 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
     mask = _predicate(instr, predicate, _PREDICATE_DTYPES_SELECT, p, reverse_pred)
     result = np.where(mask, ops.as_pf(access.read_f32(on_true, instr), p), false_values)
     ops.write_result(dst, result.astype(np.float32), instr)
-    cmd = getattr(reduce_cmd, "name", "idle") if reduce_cmd is not None else "idle"
+    cmd = "idle" if reduce_cmd is None else getattr(reduce_cmd, "name", None)
+    if isinstance(reduce_cmd, (int, str)) or cmd not in ("idle", "reset", "reduce", "reset_reduce"):
+        raise nki_error(instr, "reduce_cmd",
+                        f"reduce_cmd must be a nisa.reduce_cmd member (idle/reset/reduce/"
+                        f"reset_reduce), got {reduce_cmd!r} (raw ints are rejected since NKI 0.3)")
     regs = ops.reduce_registers("vector")
     if cmd in ("reset", "reset_reduce"):
         regs.reset(p, -np.inf)
@@ -484,6 +492,7 @@ def tensor_tensor_scan(dst: Any, data0: Any, data1: Any, initial: Any, op0: Any,
     for arg, t in (("dst", dst), ("data0", data0), ("data1", data1)):
         ops.require_tensor(instr, arg, t)
     ops.check_not_both_psum(instr, data0, data1, "data0 and data1")
+    ops.check_psum_inputs(instr, data0=data0, data1=data1, initial=initial)
     access.check_same_shape_per_partition(instr, dst, data0, data1)
     access.check_compute_partitions(instr, dst, data0, data1, *ops.tensor_operands(initial))
     _, p, _ = ops.partitions(data0)
@@ -523,13 +532,14 @@ def tensor_scalar_reduce(dst: Any, data: Any, op0: Any, operand0: Any, reduce_op
         raise nki_error(instr, "reduce op",
                         f"reduce_op must be nl.add, nl.multiply, nl.max or nl.min, got {reduce_op!r}")
     cmd = "reset_reduce" if reduce_cmd is None else getattr(reduce_cmd, "name", None)
-    if cmd not in ("reset_reduce", "reduce", "load_reduce"):
+    if isinstance(reduce_cmd, (int, str)) or cmd not in ("reset_reduce", "reduce", "load_reduce"):
         raise nki_error(instr, "reduce_cmd",
                         f"reduce_cmd must be nisa.reduce_cmd.reset_reduce/reduce/load_reduce, got {reduce_cmd!r}")
     if (reduce_init is not None) != (cmd == "load_reduce"):
         raise nki_error(instr, "reduce_init", "reduce_init is required with load_reduce and only then")
     ops.require_tensor(instr, "dst", dst)
     ops.require_tensor(instr, "data", data)
+    ops.check_psum_inputs(instr, data=data, operand0=operand0, reduce_init=reduce_init)
     access.check_same_shape_per_partition(instr, dst, data)
     tiles = ops.tensor_operands(operand0 if op0.arity == 2 else None, reduce_res, reduce_init)
     access.check_compute_partitions(instr, dst, data, *tiles)

@@ -1,0 +1,192 @@
+"""Data-parallel training on Trainium2 with the NKI multi-scale deformable attention kernels.
+
+A small deformable-attention detector head (conv pyramid -> MSDeformAttn encoder -> queries
+decoded by MSDeformAttn -> box regression) trained with DistributedDataParallel, one process per
+logical NeuronCore, on TorchNeuron's native ``neuron`` device (torch-neuronx 2.14+, Neuron SDK
+2.33+). ``MSDeformAttn(backend="nki")`` routes neuron tensors to the NKI forward/backward kernels
+registered as ``nki_op``s with ``register_autograd`` (nkilib_msda.pytorch.neuron).
+
+One trn2.48xlarge (64 logical NeuronCores with the default LNC=2):
+
+    torchrun --nproc_per_node=64 examples/train_trn2.py --steps 100
+
+Several instances (EFA configured; same command on every node, node_rank 0..N-1):
+
+    torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=64 \\
+        --master_addr=$MASTER_ADDR --master_port=29500 examples/train_trn2.py
+
+``--compile`` wraps the model in ``torch.compile(backend="neuron", dynamic=False)``.
+
+Dry run on any CPU machine (no Neuron SDK): two gloo ranks under DistributedDataParallel, tiny
+sizes, the NKI kernels executed by the simulator:
+
+    python examples/train_trn2.py --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nkilib_msda import MSDeformAttn
+
+
+class DeformableDetectorHead(nn.Module):
+    """Conv pyramid -> one MSDeformAttn encoder layer -> MSDeformAttn query decoder -> boxes."""
+
+    def __init__(self, d_model: int, levels: int, heads: int, points: int, queries: int,
+                 backend: str | None):
+        super().__init__()
+        self.levels = levels
+        stem = [nn.Conv2d(3, d_model, 3, stride=2, padding=1)]
+        self.pyramid = nn.ModuleList(stem + [nn.Conv2d(d_model, d_model, 3, stride=2, padding=1)
+                                             for _ in range(levels - 1)])
+        self.level_embed = nn.Parameter(torch.randn(levels, d_model) * 0.02)
+        self.encoder = MSDeformAttn(d_model, levels, heads, points, backend=backend)
+        self.encoder_norm = nn.LayerNorm(d_model)
+        self.query_embed = nn.Parameter(torch.randn(queries, d_model) * 0.1)
+        self.query_reference = nn.Linear(d_model, 2)
+        self.decoder = MSDeformAttn(d_model, levels, heads, points, backend=backend)
+        self.decoder_norm = nn.LayerNorm(d_model)
+        self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, 4))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feats, x = [], images
+        for conv in self.pyramid:
+            x = torch.relu(conv(x))
+            feats.append(x)
+        shapes = tuple((int(f.shape[2]), int(f.shape[3])) for f in feats)  # static per image size
+        flat = torch.cat([f.flatten(2).transpose(1, 2) + self.level_embed[i]
+                          for i, f in enumerate(feats)], dim=1)
+        batch = images.shape[0]
+        # Encoder: every pixel attends around itself on all levels.
+        centres = torch.cat([_pixel_centres(h, w, images.device, images.dtype) for h, w in shapes])
+        enc_ref = centres[None, :, None, :].expand(batch, -1, self.levels, -1)
+        memory = self.encoder_norm(flat + self.encoder(flat, enc_ref, flat, shapes, None))
+        # Decoder: learned queries with predicted reference points.
+        queries = self.query_embed.expand(batch, -1, -1)
+        dec_ref = self.query_reference(queries).sigmoid()[:, :, None, :].expand(-1, -1, self.levels, -1)
+        hidden = self.decoder_norm(queries + self.decoder(queries, dec_ref, memory, shapes, None))
+        return self.box_head(hidden).sigmoid()
+
+
+def _pixel_centres(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h
+    xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w
+    return torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1).reshape(-1, 2)
+
+
+def synthetic_batch(batch: int, size: int, queries: int, generator: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.randn(batch, 3, size, size, generator=generator)
+    boxes = 0.2 + 0.6 * torch.rand(batch, queries, 4, generator=generator)
+    return images, boxes
+
+
+def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> list[float]:
+    torch.manual_seed(args.seed)  # identical initial weights (DDP also broadcasts rank 0's)
+    model = DeformableDetectorHead(args.d_model, args.levels, args.heads, args.points,
+                                   args.queries, backend=args.backend).to(device)
+    ddp = DistributedDataParallel(model)
+    step_fn = torch.compile(ddp, backend="neuron", dynamic=False) if args.compile else ddp
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    data = torch.Generator().manual_seed(args.seed + 1000 * rank)  # a different shard per rank
+    losses = []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        images, boxes = synthetic_batch(args.batch_size, args.image_size, args.queries, data)
+        images, boxes = images.to(device), boxes.to(device)
+        loss = nn.functional.l1_loss(step_fn(images), boxes)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if rank == 0:
+            print(f"step {step}: loss {losses[-1]:.4f}  {time.perf_counter() - start:.2f} s/step "
+                  f"(world size {world_size})", flush=True)
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+    gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
+    dist.all_gather(gathered, checksum)
+    if rank == 0:
+        same = all(torch.equal(g, gathered[0]) for g in gathered)
+        print(f"parameters identical on all {world_size} ranks: {same}", flush=True)
+        if not same:
+            raise RuntimeError("DDP replicas diverged")
+    return losses
+
+
+def run_on_neuron(args: argparse.Namespace) -> None:
+    """One process per logical NeuronCore, launched by torchrun (env:// rendezvous)."""
+    import torch_neuronx  # noqa: F401 - registers the "neuron" device and process-group backend
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend="neuron", init_method="env://", rank=rank, world_size=world_size)
+    try:
+        train(args, rank, world_size, torch.device("neuron"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _dry_run_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+    os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    try:
+        train(args, rank, world_size, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def dry_run(args: argparse.Namespace) -> None:
+    """Two gloo ranks on CPU; backend "nki" runs the NKI kernels in the simulator."""
+    import torch.multiprocessing as mp
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_dry_run_worker, args=(2, port, args), nprocs=2, join=True,
+                       start_method="spawn")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="DDP training with the NKI MSDA kernels on Trn2")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU: 2 gloo ranks, tiny sizes, NKI kernels in the simulator")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="per rank")
+    parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--d-model", type=int, default=None)
+    parser.add_argument("--levels", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--points", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="nki", choices=["nki", "reference"])
+    parser.add_argument("--compile", action="store_true",
+                        help='torch.compile(backend="neuron", dynamic=False) (Neuron only)')
+    args = parser.parse_args()
+    tiny = dict(steps=3, batch_size=2, image_size=8, d_model=16, queries=8)
+    full = dict(steps=100, batch_size=4, image_size=256, d_model=256, queries=100)
+    for key, default in (tiny if args.dry_run else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    if args.dry_run:
+        if args.compile:
+            parser.error("--compile needs a Neuron device (not available in --dry-run)")
+        args.levels, args.heads, args.points = min(args.levels, 3), min(args.heads, 2), min(args.points, 2)
+        dry_run(args)
+    else:
+        run_on_neuron(args)
+
+
+if __name__ == "__main__":
+    main()

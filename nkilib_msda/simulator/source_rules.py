@@ -1,0 +1,206 @@
+"""Kernel-source rules of the NKI front-end (nki-subset.md §7a.5), checked on the Python AST.
+
+An eager emulator never sees the compiler's Python subset, so these rules are checked by
+parsing the source of the kernel function and of every function, method and class it
+references, transitively, that is defined in the kernel's own top-level package (the NKI
+compiler inlines called functions, so their code is compiled too). The emulator's own modules
+are never inspected. Functions without retrievable source (``exec``-built) are skipped.
+
+Rules (``"<kernel qualname>: <rule>: <detail>"`` messages):
+- ``is operator``: ``is`` / ``is not`` comparisons are rejected by NKI 0.3-0.6 ("use == / !=";
+  supported again from 0.7). The emulator models the 0.5/0.6 surface, so it rejects them.
+- ``neuronxcc import``: importing ``neuronxcc`` (the beta-1 namespace) inside kernel code, or
+  using a global bound to a ``neuronxcc`` object, is an error since NKI 0.4.
+- ``fails on hardware``: any reference to ``nl.divide``, ``nl.mod`` or ``nl.fmod`` (they "work in
+  simulation but fail on hardware"), even on a branch that is never executed.
+
+``simulate(..., source_rules="error")`` (default) raises NkiError on the first violation of the
+neuronxcc / fails-on-hardware rules; ``"warn"`` emits one NkiWarning per rule (naming the
+first violation and the count); ``"off"`` skips them. The ``is operator`` rule has its own
+switch, ``simulate(..., is_operator="warn")``: its default is "warn", not "error", only
+because package code that kernels call (validation, configs, kernel helpers) still uses
+``x is None``; set ``is_operator="error"`` to enforce it (the faithful NKI 0.5/0.6 behaviour)
+once that code uses ``==`` / ``!=``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+import warnings
+from typing import Any, Callable, Iterator
+
+from nkilib_msda.simulator.errors import NkiError, NkiWarning
+
+__all__ = ["SOURCE_RULE_MODES", "kernel_source_violations", "check_kernel_source"]
+
+SOURCE_RULE_MODES = ("error", "warn", "off")
+_FAILS_ON_HARDWARE = frozenset({"divide", "mod", "fmod"})
+_NL_MODULES = frozenset({"nkilib_msda.simulator.language", "nki.language",
+                         "neuronxcc.nki.language"})
+_EXCLUDED_PREFIXES = ("nkilib_msda.simulator", "nkilib_msda._nki")
+
+_CACHE: dict[Any, tuple[tuple[str, str, str], ...]] = {}
+
+
+def _unwrap(obj: Any) -> Any:
+    """The Python function behind a JitKernel / functools.wraps wrapper / bound method."""
+    for _ in range(8):
+        if hasattr(obj, "func") and callable(getattr(obj, "func")) and type(obj).__name__ == "JitKernel":
+            obj = obj.func
+        elif isinstance(obj, (types.MethodType, staticmethod, classmethod)):
+            obj = obj.__func__
+        else:
+            break
+    return obj
+
+
+def _in_scope(obj: Any, package: str) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    if not module or module.startswith(_EXCLUDED_PREFIXES):
+        return False
+    return module == package or module.startswith(package + ".")
+
+
+def _is_nl(value: Any) -> bool:
+    return isinstance(value, types.ModuleType) and value.__name__ in _NL_MODULES
+
+
+def _is_neuronxcc(value: Any) -> bool:
+    name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+    return isinstance(name, str) and (name == "neuronxcc" or name.startswith("neuronxcc."))
+
+
+def _parse(func: types.FunctionType) -> ast.AST | None:
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return None
+    try:
+        return ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+
+
+def _function_violations(func: types.FunctionType, tree: ast.AST) -> Iterator[tuple[str, str]]:
+    """(rule, detail) of the violations in one function's own source."""
+    first_line = func.__code__.co_firstlineno
+    where = f"{func.__code__.co_filename}:{{}}"
+    g = func.__globals__
+    for node in ast.walk(tree):
+        line = where.format(first_line + getattr(node, "lineno", 1) - 1)
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot))
+                                                 for op in node.ops):
+            yield ("is operator",
+                   f"`{ast.unparse(node)}` at {line}: `is` / `is not` are not supported by NKI "
+                   "before 0.7; use == / !=")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "neuronxcc" or n.startswith("neuronxcc.") for n in names):
+                yield ("neuronxcc import",
+                       f"`{ast.unparse(node)}` at {line}: the beta-1 neuronxcc.nki namespace is an "
+                       "error inside NKI kernels since 0.4; use `import nki`")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            value = g.get(node.id)
+            if value is not None and _is_neuronxcc(value):
+                yield ("neuronxcc import",
+                       f"`{node.id}` at {line} is bound to {getattr(value, '__name__', value)!r} from "
+                       "neuronxcc (beta 1); kernels must use the nki namespace")
+        elif isinstance(node, ast.Attribute) and node.attr in _FAILS_ON_HARDWARE \
+                and isinstance(node.value, ast.Name) and (
+                    _is_nl(g.get(node.value.id)) or node.value.id == "nl"):
+            yield ("fails on hardware",
+                   f"`{ast.unparse(node)}` at {line}: nl.{node.attr} works in simulation but fails "
+                   "on hardware; multiply by a reciprocal instead")
+
+
+def _referenced(func: types.FunctionType, tree: ast.AST, package: str) -> Iterator[Any]:
+    """Functions and classes of ``package`` that ``func`` references by global name or as
+    ``module.attr``."""
+    g = func.__globals__
+    builtins_ns = g.get("__builtins__")
+    for node in ast.walk(tree):
+        value = None
+        if isinstance(node, ast.Name):
+            value = g.get(node.id)
+            if value is None and isinstance(builtins_ns, dict):
+                continue
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            base = g.get(node.value.id)
+            if isinstance(base, types.ModuleType):
+                value = getattr(base, node.attr, None)
+        if value is None:
+            continue
+        value = _unwrap(value)
+        if isinstance(value, (types.FunctionType, type)) and _in_scope(value, package):
+            yield value
+
+
+def _class_functions(cls: type) -> Iterator[types.FunctionType]:
+    for klass in cls.__mro__:
+        if klass is object or not _in_scope(klass, cls.__module__.split(".")[0]):
+            continue
+        for member in vars(klass).values():
+            member = _unwrap(member)
+            if isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                yield member
+
+
+def kernel_source_violations(kernel: Callable[..., Any]) -> tuple[tuple[str, str, str], ...]:
+    """(where, rule, detail) for every source-rule violation reachable from ``kernel``."""
+    func = _unwrap(kernel)
+    if not isinstance(func, types.FunctionType):
+        return ()
+    key = func.__code__
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    package = (func.__module__ or "").split(".")[0]
+    seen: set[Any] = set()
+    todo: list[Any] = [func]
+    found: list[tuple[str, str, str]] = []
+    while todo:
+        obj = todo.pop()
+        ident = obj.__code__ if isinstance(obj, types.FunctionType) else obj
+        if ident in seen:
+            continue
+        seen.add(ident)
+        if isinstance(obj, type):
+            todo.extend(_class_functions(obj))
+            continue
+        tree = _parse(obj)
+        if tree is None:
+            continue
+        for rule, detail in _function_violations(obj, tree):
+            found.append((obj.__qualname__, rule, detail))
+        todo.extend(_referenced(obj, tree, package))
+    result = tuple(found)
+    _CACHE[key] = result
+    return result
+
+
+def check_kernel_source(kernel: Callable[..., Any], mode: str, is_operator_mode: str) -> None:
+    """Apply the source rules to ``kernel``: ``is_operator_mode`` for the ``is operator`` rule,
+    ``mode`` for the others; each "error", "warn" or "off"."""
+    if mode == "off" and is_operator_mode == "off":
+        return
+    violations = kernel_source_violations(kernel)
+    errors, warns = [], []
+    for v in violations:
+        rule_mode = is_operator_mode if v[1] == "is operator" else mode
+        (errors if rule_mode == "error" else warns if rule_mode == "warn" else []).append(v)
+    if errors:
+        where, rule, detail = errors[0]
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise NkiError(f"{where}: {rule}: {detail}{more}")
+    by_rule: dict[str, list[tuple[str, str, str]]] = {}
+    for v in warns:
+        by_rule.setdefault(v[1], []).append(v)
+    for rule, found in by_rule.items():  # one warning per rule and kernel, naming the first
+        where, _, detail = found[0]
+        more = f" (+{len(found) - 1} more in code this kernel calls)" if len(found) > 1 else ""
+        warnings.warn(f"{where}: {rule}: {detail}{more}", NkiWarning, stacklevel=4)

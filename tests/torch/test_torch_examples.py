@@ -1,0 +1,44 @@
+"""The examples run end to end (as subprocesses, with bounded time)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run(script: str, *args: str, timeout: int = 300) -> str:
+    env = dict(os.environ, NKILIB_MSDA_NKI="emulator", HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
+                            text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_simulate_kernels_example():
+    out = _run("simulate_kernels.py", "--queries", "40", "--quiet")
+    lines = [line for line in out.splitlines() if "relative error" in line]
+    assert len(lines) == 2
+    errors = [float(tok) for line in lines for tok in line.replace(",", " ").split()
+              if tok[:1].isdigit() and "e" in tok]
+    assert len(errors) == 4 and max(errors) < 2e-2
+
+
+@pytest.mark.slow
+def test_hf_deformable_detr_swap_example():
+    pytest.importorskip("transformers")
+    out = _run("hf_deformable_detr_swap.py", "--steps", "2")
+    assert "patched 3 MultiScaleDeformableAttention layers" in out
+    assert "step 1: loss" in out
+
+
+@pytest.mark.slow
+def test_train_trn2_dry_run_example():
+    out = _run("train_trn2.py", "--dry-run", "--steps", "2")
+    assert "step 1: loss" in out
+    assert "parameters identical on all 2 ranks: True" in out
