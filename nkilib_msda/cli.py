@@ -29,27 +29,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     for module in ("numpy", "ml_dtypes", "torch", "triton", "transformers"):
         print(f"{module:<13} {_version_of(module)}")
     print(f"nki          {_nki.backend_name()}")
-    print("backends     " + ", ".join(_available_backends()))
+    print("torch backends:")
+    for line in _available_backends():
+        print(f"  {line}")
     return 0
 
 
 def _available_backends() -> list[str]:
-    found = ["nki (simulator on CPU)" if not _is_real_nki() else "nki"]
-    if importlib.util.find_spec("torch") is not None:
-        found.insert(0, "reference")
-        try:
-            from nkilib_msda.backends import triton_backend
+    if importlib.util.find_spec("torch") is None:
+        return ["nki kernels via the simulator (install the `torch` extra for the torch backends)"]
+    from nkilib_msda.backends import backend_availability
 
-            found.append("triton" if triton_backend.is_available() else "triton (no CUDA device)")
-        except Exception:  # noqa: BLE001 - triton not installed or unusable
-            found.append("triton (unavailable)")
-    return found
-
-
-def _is_real_nki() -> bool:
-    from nkilib_msda import _nki
-
-    return _nki.USING_REAL_NKI
+    return [f"{name}: {status}" for name, status in backend_availability().items()]
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -332,11 +332,3 @@ def test_cost_report_traffic_is_compulsory(gather, layout):
     assert set(stats) == {f"{kind}/hbm_to_sbuf", "direct/hbm_to_sbuf", "direct/sbuf_to_hbm"}
     assert rep.peak_sbuf_bytes_per_partition <= cfg.sbuf_bytes
     assert rep.peak_psum_bytes_per_partition <= cfg.psum_bytes
-
-
-def test_ragged_copy_gathers_only_real_queries():
-    c = MSDACase(num_queries=70, num_heads=2, num_points=2, spatial_shapes=SMALL_LEVELS)
-    args = make_inputs(c)
-    out, rep = run_kernel(args, lnc=2, report=True, gather_method="copy")
-    assert_close(out, ms_deformable_attention_ref(**args), c.value_dtype)
-    assert rep.dma_descriptors("indirect_gather") == 4 * 70 * 2 * 4 * 2

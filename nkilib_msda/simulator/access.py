@@ -15,7 +15,7 @@ from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, IndirectAccess,
                                           NkiTensor, Storage)
 
-__all__ = ["read", "read_f32", "write", "read_raw", "write_raw", "partition_info",
+__all__ = ["read", "read_f32", "write", "store", "read_raw", "write_raw", "partition_info",
            "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
            "require_tensor", "mark_initialised", "check_initialised", "assign", "may_overlap",
            "buffer_kind"]
@@ -123,10 +123,15 @@ def write(t: Any, values: Any, instruction: str) -> None:
     if values.size != t.size:
         raise nki_error(instruction, "element count",
                         f"writing {values.size} values into {t.name or 'dst'} of shape {t.shape}")
-    cast = cast_values(values, t.dtype).reshape(-1)
+    store(t, cast_values(values, t.dtype).reshape(-1), instruction)
+
+
+def store(t: NkiTensor, values: np.ndarray, instruction: str) -> None:
+    """Store ``values`` (already ``t.dtype.np``, ``t.size`` elements, row-major) into the
+    static view ``t``; a destination that addresses an element twice raises."""
     flat = t.run_slice()
     if flat is not None:
-        write_raw(t.storage, flat, cast, t.dtype, instruction)
+        write_raw(t.storage, flat, values, t.dtype, instruction)
         return
     check_writable(t.storage, instruction)
     if may_overlap(t.shape, t.strides):
@@ -138,7 +143,7 @@ def write(t: Any, values: Any, instruction: str) -> None:
     # Strided destinations are written through NumPy strides (no address arrays).
     storage = t.storage
     itemsize = t.dtype.itemsize
-    t.np_view(storage.data, t.dtype.np, itemsize)[...] = cast.reshape(t.shape)
+    t.np_view(storage.data, t.dtype.np, itemsize)[...] = values.reshape(t.shape)
     storage.written = True
     if not storage.fully_initialised:
         mask_dtype, full = _MASK_VIEW[itemsize]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nkilib_msda.simulator.access import check_initialised
+from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.dtypes import to_nki_dtype
@@ -180,16 +180,14 @@ def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, 
 
 
 def _to_numpy(t: NkiTensor, index: int) -> np.ndarray:
-    addr = t.addresses()
     try:
-        check_initialised(t.storage, addr, t.dtype.itemsize, "kernel return", t.name)
+        values = read(t, "kernel return")
     except NkiError as exc:
         raise nki_error("kernel return", "output not written",
                         f"output {index} ({t.name or 'unnamed'}): {exc}") from None
-    values = t.storage.data.view(t.dtype.np)[addr]
     if str(t.dtype) == "bool_":
         values = values.astype(np.bool_)
-    return np.array(values, copy=True)
+    return values  # read() returns a new array
 
 
 def _same_output(a: NkiTensor, b: NkiTensor) -> bool:

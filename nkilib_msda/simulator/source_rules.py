@@ -26,8 +26,7 @@ once that code uses ``==`` / ``!=``.
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
+import linecache
 import types
 import warnings
 from typing import Any, Callable, Iterator
@@ -73,24 +72,46 @@ def _is_neuronxcc(value: Any) -> bool:
     return isinstance(name, str) and (name == "neuronxcc" or name.startswith("neuronxcc."))
 
 
+_MODULE_FUNCTIONS: dict[str, dict[int, ast.AST] | None] = {}
+
+
+def _module_functions(filename: str) -> dict[int, ast.AST] | None:
+    """Function nodes of a source file keyed by their first line (the first decorator's line
+    for decorated functions, as ``co_firstlineno``); the file is parsed once."""
+    if filename in _MODULE_FUNCTIONS:
+        return _MODULE_FUNCTIONS[filename]
+    table = None
+    lines = linecache.getlines(filename)
+    if lines:
+        try:
+            tree = ast.parse("".join(lines))
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            table = {}
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    first = min([node.lineno] + [d.lineno for d in
+                                                 getattr(node, "decorator_list", [])])
+                    table.setdefault(first, node)
+    _MODULE_FUNCTIONS[filename] = table
+    return table
+
+
 def _parse(func: types.FunctionType) -> ast.AST | None:
-    try:
-        source = inspect.getsource(func)
-    except (OSError, TypeError):
+    """The AST of ``func`` (None when its source is not available, e.g. exec-built code)."""
+    table = _module_functions(func.__code__.co_filename)
+    if table is None:
         return None
-    try:
-        return ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return None
+    return table.get(func.__code__.co_firstlineno)
 
 
 def _function_violations(func: types.FunctionType, tree: ast.AST) -> Iterator[tuple[str, str]]:
     """(rule, detail) of the violations in one function's own source."""
-    first_line = func.__code__.co_firstlineno
     where = f"{func.__code__.co_filename}:{{}}"
     g = func.__globals__
     for node in ast.walk(tree):
-        line = where.format(first_line + getattr(node, "lineno", 1) - 1)
+        line = where.format(getattr(node, "lineno", func.__code__.co_firstlineno))
         if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot))
                                                  for op in node.ops):
             yield ("is operator",

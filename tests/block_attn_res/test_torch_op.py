@@ -29,12 +29,9 @@ def _max_rel(a, ref):
 @pytest.mark.parametrize("rms_on,partial,scale", [(True, True, 0.8), (False, False, 1.0), (True, False, 1.7)])
 def test_reference_backend_matches_numpy_reference(rms_on, partial, scale):
     blocks, partial_block, w, gamma = _inputs(4, partial, 2, 5, 32, torch.bfloat16)
-    h, rms, alpha = (block_attn_res(blocks, w, partial_block, scale, 1e-6, gamma, rms_on, True, True,
-                                    backend="reference") if rms_on else
-                     (*block_attn_res(blocks, w, partial_block, scale, 1e-6, gamma, rms_on, False, True,
-                                      backend="reference")[:1], None,
-                      block_attn_res(blocks, w, partial_block, scale, 1e-6, gamma, rms_on, False, True,
-                                     backend="reference")[1]))
+    outs = block_attn_res(blocks, w, partial_block, scale, 1e-6, gamma, rms_on,
+                          rms_out_flag=rms_on, alpha_out_flag=True, backend="reference")
+    h, rms, alpha = outs if rms_on else (outs[0], None, outs[1])
     h_ref, rms_ref, alpha_ref = block_attn_res_ref(blocks, w, partial_block, scale, 1e-6,
                                                    gamma, rms_on)
     assert h.dtype == torch.bfloat16 and alpha.dtype == torch.float32
@@ -114,7 +111,8 @@ def test_registered_ops_opcheck_and_compile():
     blocks, partial_block, w, gamma = _inputs(2, True, 1, 3, 8, torch.float32)
     values = torch.stack([*blocks, partial_block]).requires_grad_()
     op = torch.ops.nkilib_msda.block_attn_res
-    torch.library.opcheck(op, (values, w.requires_grad_(), gamma.requires_grad_(), 0.5, 1e-6, True, "reference"))
+    torch.library.opcheck(op, (values, w.requires_grad_(), gamma.requires_grad_(), 0.5, 1e-6, True,
+                               "reference"))
     _, rms, alpha = op(values, w, gamma, 0.5, 1e-6, True, "reference")
     torch.library.opcheck(torch.ops.nkilib_msda.block_attn_res_backward,
                           (torch.randn(1, 3, 8), values.detach(), w.detach(), alpha, gamma.detach(), rms,
@@ -166,18 +164,19 @@ def test_nki_backend_training_step_matches_reference(lnc, rms_on, monkeypatch):
 
 def test_nki_backend_functions_match_reference_backend():
     blocks, partial_block, w, gamma = _inputs(6, True, 1, 130, 128, torch.float16)
-    h_n, rms_n, alpha_n = block_attn_res(blocks, w, partial_block, 1.1, 1e-6, gamma, True, True, True, backend="nki")
-    h_r, rms_r, alpha_r = block_attn_res(blocks, w, partial_block, 1.1, 1e-6, gamma, True, True, True,
-                                         backend="reference")
+    args = (blocks, w, partial_block, 1.1, 1e-6, gamma, True, True, True)
+    h_n, rms_n, alpha_n = block_attn_res(*args, backend="nki")
+    h_r, rms_r, alpha_r = block_attn_res(*args, backend="reference")
     assert h_n.dtype == torch.float16 and rms_n.dtype == torch.float32
     torch.testing.assert_close(rms_n, rms_r, rtol=1e-5, atol=0)
     torch.testing.assert_close(alpha_n, alpha_r, rtol=1e-5, atol=1e-7)
     assert _max_rel(h_n, h_r.double().numpy()) <= 2e-3
     grad_h = torch.randn(h_n.shape).half()
-    out_n = block_attn_res_backward(grad_h, blocks, w, alpha_n, partial_block, gamma, rms_n, 1.1, backend="nki")
+    out_n = block_attn_res_backward(grad_h, blocks, w, alpha_n, partial_block, gamma, rms_n, 1.1,
+                                    backend="nki")
     out_r = block_attn_res_backward(grad_h, blocks, w, alpha_r, partial_block, gamma, rms_r, 1.1,
                                     backend="reference")
-    for got, want in zip([*out_n[0], out_n[1], out_n[2], out_n[3]], [*out_r[0], out_r[1], out_r[2], out_r[3]]):
+    for got, want in zip([*out_n[0], *out_n[1:]], [*out_r[0], *out_r[1:]]):
         assert got.dtype == want.dtype and _max_rel(got, want.double().numpy()) <= 2e-3
 
 
@@ -186,7 +185,8 @@ def test_opcheck_nki_backend():
     blocks, partial_block, w, gamma = _inputs(2, True, 1, 40, 64, torch.bfloat16)
     values = torch.stack([*blocks, partial_block]).requires_grad_()
     w32, g32 = w.float().requires_grad_(), gamma.float().requires_grad_()
-    torch.library.opcheck(torch.ops.nkilib_msda.block_attn_res, (values, w32, g32, 0.5, 1e-6, True, "nki"),
+    torch.library.opcheck(torch.ops.nkilib_msda.block_attn_res,
+                          (values, w32, g32, 0.5, 1e-6, True, "nki"),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     _, rms, alpha = torch.ops.nkilib_msda.block_attn_res(values, w32, g32, 0.5, 1e-6, True, "nki")
     torch.library.opcheck(torch.ops.nkilib_msda.block_attn_res_backward,

@@ -29,14 +29,15 @@ FORWARD_ERRORS = [
     (dict(blocks=_blocks(128)), ValueError, "got 128"),
     (dict(blocks=torch.randn(2, B, T, D)), TypeError, "blocks: expected a list or tuple"),
     (dict(blocks=[torch.randn(B, T)]), ValueError, "blocks[0]: expected a non-empty [B, T, D]"),
-    (dict(blocks=[torch.randn(B, T, D).double().to(torch.int32)]), ValueError, "blocks[0]: expected dtype"),
+    (dict(blocks=[torch.randn(B, T, D).to(torch.int32)]), ValueError, "blocks[0]: expected dtype"),
     (dict(blocks=[torch.randn(B, T, D).bfloat16(), torch.randn(B, T + 1, D).bfloat16()]), ValueError,
      "blocks[1]: expected shape"),
     (dict(blocks=[torch.randn(B, T, D).bfloat16(), torch.randn(B, T, D).half()]), ValueError,
      "blocks[1]: expected dtype bfloat16"),
     (dict(partial_block=torch.randn(B, T, D + 1).bfloat16()), ValueError, "partial_block: expected shape"),
     (dict(partial_block=torch.randn(B, T, D).float()), ValueError, "partial_block: expected dtype"),
-    (dict(partial_block=torch.randn(B, T, D).bfloat16().to("meta")), ValueError, "partial_block: expected device"),
+    (dict(partial_block=torch.randn(B, T, D).bfloat16().to("meta")), ValueError,
+     "partial_block: expected device"),
     (dict(proj_weight=torch.randn(1, D).bfloat16()), ValueError, "proj_weight: expected shape (8,)"),
     (dict(proj_weight=torch.randn(D).half()), ValueError, "proj_weight: expected dtype bfloat16 or float32"),
     (dict(proj_weight=[0.0] * D), TypeError, "proj_weight: expected an array or tensor"),
@@ -78,7 +79,8 @@ def test_valid_calls_pass_validation():
 
 def _bwd_args(**overrides):
     n_src = 3
-    args = dict(grad_h=torch.randn(B, T, D).bfloat16(), blocks=_blocks(), proj_weight=torch.randn(D).bfloat16(),
+    args = dict(grad_h=torch.randn(B, T, D).bfloat16(), blocks=_blocks(),
+                proj_weight=torch.randn(D).bfloat16(),
                 alpha_cache=torch.rand(B, T, n_src), partial_block=torch.randn(B, T, D).bfloat16(),
                 rmsnorm_gamma=torch.ones(D).bfloat16(), rms_cache=torch.rand(B, T, n_src, 1) + 0.5)
     args.update(overrides)
@@ -126,4 +128,5 @@ def test_numpy_arrays_are_checked_too():
                                            rmsnorm_gamma=np.ones(D, np.float32))
     assert (problem.num_sources, problem.num_tokens, problem.dim) == (4, B * T, D)
     with pytest.raises(ValueError, match=re.escape("proj_weight: expected shape (8,)")):
-        validate_block_attn_res_args(blocks, np.zeros(D + 1, np.float32), rmsnorm_gamma=np.ones(D, np.float32))
+        validate_block_attn_res_args(blocks, np.zeros(D + 1, np.float32),
+                                     rmsnorm_gamma=np.ones(D, np.float32))

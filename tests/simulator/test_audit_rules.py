@@ -191,7 +191,7 @@ def test_tensor_scalar_one_psum_input_is_fine():
 def test_compute_operands_at_most_three_free_levels():
     def body(a, strided):
         t = _filled((4, 2, 3, 5, 7), 1.0)
-        view = t[:, :, :, :, 0:6] if strided else t  # 4 non-mergeable free levels vs contiguous
+        view = t[:, :, 0:2, 0:4, 0:6] if strided else t  # 4 unmergeable free levels vs 1
         out = nl.ndarray(view.shape, nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(out, view)
         return _store(out)
@@ -224,7 +224,6 @@ def test_fori_loop_register_is_a_scalar_offset_and_read_only():
         def step(reg):
             row = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=row, src=v.ap([[4, 1], [1, 4]], scalar_offset=reg))
-            # the row index is also the register value: write it to partition 5 - reg
             nisa.dma_copy(dst=out.ap([[4, 1], [1, 4]], scalar_offset=reg), src=row)
 
         nl.fori_loop(0, 6, step)
@@ -432,3 +431,77 @@ def test_program_ndim_and_write_back():
     assert x.tolist() == [[5.0] * 3, [0.0] * 3]  # no grid: program_ndim() == 0, written back
     k[1](x)
     assert x.tolist() == [[6.0] * 3, [0.0] * 3]  # kernel[1]: program_ndim() == 1
+
+
+def test_on_chip_scalar_offset_moves_partitions_but_not_across_a_partition_end():
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+
+    def body(a, row, dim, skip):
+        t = _load(a)
+        reg = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(reg, row)
+        out = nl.full((1, 3), -1.0, nl.float32)
+        src = t.ap([[3, 1], [1, 3]], scalar_offset=reg, indirect_dim=dim)
+        nisa.dma_copy(dst=out, src=src,
+                      oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error)
+        return _store(out)
+
+    np.testing.assert_array_equal(in_kernel(body, x, 2, 0, False), x[2:3])  # partition 2
+    with raises_rule("dma_copy", "out-of-bounds index"):  # past the last partition
+        in_kernel(body, x, 4, 0, False)
+    with raises_rule("dma_copy", "out-of-bounds index"):  # free offset 1: row leaves partition 0
+        in_kernel(body, x, 1, 1, False)
+    assert in_kernel(body, x, 1, 1, True).tolist() == [[-1.0] * 3]  # skip: dst unchanged
+
+
+def test_pe_transpose_output_within_one_psum_bank():
+    def body(a, start):
+        data = _filled((4, 8), 1.0)
+        out = nl.ndarray((8, 1024), nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(out[:, start:start + 4], data, engine=nisa.engine.tensor)
+
+    in_kernel(body, np.ones(1, np.float32), 508)  # bytes 2032..2047: bank 0
+    with raises_rule("nc_transpose", "PSUM bank"):
+        in_kernel(body, np.ones(1, np.float32), 510)  # bytes 2040..2055 cross into bank 1
+
+
+@pytest.mark.parametrize("instruction,call", [
+    ("tensor_copy_predicated", lambda: nisa.tensor_copy_predicated(
+        _filled((4, 8)), _filled((4, 8), buffer=nl.psum), _filled((4, 8), 1, nl.uint8, nl.psum))),
+    ("select_reduce", lambda: nisa.select_reduce(
+        _filled((4, 8)), _filled((4, 8), 1, nl.uint8, nl.psum), _filled((4, 8), buffer=nl.psum),
+        0.0)),
+    ("tensor_scalar_reduce", lambda: nisa.tensor_scalar_reduce(
+        _filled((4, 8)), _filled((4, 8), buffer=nl.psum), nl.add, _filled((4, 1), buffer=nl.psum),
+        nl.add)),
+    ("nl.where", lambda: nl.where(_filled((4, 8), buffer=nl.psum), _filled((4, 8), buffer=nl.psum),
+                                  0.0)),
+])
+def test_two_psum_inputs_of_other_vector_instructions(instruction, call):
+    with raises_rule(instruction, "two PSUM inputs"):
+        in_kernel(lambda a: call(), np.ones(1, np.float32))
+
+
+def test_trn1_is_not_a_target():
+    # §7a.6 "no ScalarE tensor_copy on v2" is vacuous: NC-v2 (trn1) is not modelled at all.
+    with raises_rule("simulate", "unsupported target"):
+        in_kernel(lambda a: None, np.ones(1, np.float32), target="trn1")
+
+
+def test_matmul_tiling_mode_checks_and_keeps_semantics():
+    a = RNG.standard_normal((32, 16)).astype(np.float32)
+    m = RNG.standard_normal((32, 8)).astype(np.float32)
+
+    def body(sa, mv, position, size):
+        out = nl.ndarray((16, 8), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(out, _load(sa), _load(mv), tile_position=position, tile_size=size)
+        res = nl.ndarray((16, 8), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(res, out)
+        return _store(res)
+
+    got = in_kernel(body, a, m, (32, 64), (32, 32))
+    np.testing.assert_allclose(got, a.T @ m, rtol=1e-5, atol=1e-5)
+    with raises_rule("nc_matmul", "tiling mode"):  # start not a multiple of the size
+        in_kernel(body, a, m, (16, 0), (32, 32))
+    with raises_rule("nc_matmul", "tiling mode"):  # 16 is not a PE tile size (32, 64, 128)
+        in_kernel(body, a, m, (0, 0), (16, 32))

@@ -77,7 +77,8 @@ def _check_like(name: str, x: Any, shape: tuple[int, ...], dtypes: Sequence[str]
 def _check_blocks(blocks: Any, partial_block: Any, allowed_dtypes: Sequence[str]
                   ) -> tuple[tuple[int, int, int], str, str | None, int]:
     if not isinstance(blocks, (list, tuple)):
-        raise TypeError(f"blocks: expected a list or tuple of [B, T, D] tensors, got {_describe(blocks)}")
+        raise TypeError(f"blocks: expected a list or tuple of [B, T, D] tensors, "
+                        f"got {_describe(blocks)}")
     n_blocks = len(blocks)
     if not 1 <= n_blocks <= MAX_BLOCKS:
         raise ValueError(f"blocks: expected between 1 and {MAX_BLOCKS} blocks (L = N + partial "

@@ -5,7 +5,9 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
 - **Queries on partitions.** A tile is <= 128 partitions x ``q_pack`` consecutive queries, all
   heads at once, so parameter loads and the output store are one contiguous run per partition
   (each parameter and the output cross HBM exactly once). LNC: core ``s`` takes queries
-  ``[s * ceil(N_q / lnc), ...)``; cores share nothing but the output.
+  ``[s * ceil(N_q / lnc), ...)``; cores share nothing but the output, so no barrier is
+  needed (an LNC=2 kernel is specialized per physical core, and the two tile lists may
+  differ by one ragged tile).
 - **Coordinates** (``_sampling.py``): fp32 via DMA casts; NaN removed with a bit mask and its
   weight zeroed; pixel coordinates clamped before the float->int cast; real floor; corner
   indices clamped into the map with 0/1 validity factors (zeros) or clipped coordinates

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from nkilib_msda.simulator.access import may_overlap, read, read_raw, write_raw
+from nkilib_msda.simulator.access import may_overlap, read, read_raw, store, write_raw
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import cast_values, uint32
 from nkilib_msda.simulator.errors import nki_error
@@ -61,10 +61,6 @@ class _Operand:
     row_runs: tuple[np.ndarray, np.ndarray] | None = None  # indirect: (run starts, lengths)
     tensor: NkiTensor | None = None  # static operands compute addresses lazily
 
-    def __post_init__(self) -> None:
-        if self.flat is None:
-            self.flat = self.shaped().reshape(-1)
-
     def shaped(self) -> np.ndarray:
         """Addresses in the operand's shape."""
         if self.addr is None:
@@ -78,6 +74,9 @@ class _Operand:
     def index(self, mask: np.ndarray | None) -> Any:
         """Flat addresses of the transferred elements (a slice when possible)."""
         if mask is None:
+            if self.flat is None:
+                self.flat = self.tensor.flat_index() if self.tensor is not None \
+                    else self.shaped().reshape(-1)
             return self.flat
         return self.shaped().reshape(-1)[mask]
 
@@ -218,7 +217,10 @@ def _resolve_dynamic(instruction: str, acc: DynamicAccess, oob: Enum) -> _Operan
         bad = True
     if acc.storage.is_on_chip and not bad:
         ppe = acc.storage.ppe(acc.dtype.itemsize)
-        parts = acc.offset // ppe + np.arange(acc.shape[0]).reshape((-1,) + (1,) * (addr.ndim - 1))
+        # A dynamic offset may move the access to other partitions (indirect_dim 0 of an
+        # on-chip receiver); it is out of bounds when a row leaves its (shifted) partition.
+        base = acc.offset + value * acc.scale
+        parts = base // ppe + np.arange(acc.shape[0]).reshape((-1,) + (1,) * (addr.ndim - 1))
         bad = bool(np.any(addr // ppe != parts))
     if bad:
         if oob is _oob_mode.error:
@@ -232,9 +234,9 @@ def _resolve_dynamic(instruction: str, acc: DynamicAccess, oob: Enum) -> _Operan
 
 
 def _resolve_static(t: NkiTensor) -> _Operand:
-    flat = t.flat_index()
-    return _Operand(t.storage, t.dtype, None, None, "static", _side(t), flat=flat,
-                    overlap_free=isinstance(flat, slice) or not may_overlap(t.shape, t.strides),
+    """A static view; its addresses are only built if an instruction needs them."""
+    return _Operand(t.storage, t.dtype, None, None, "static", _side(t), flat=t.run_slice(),
+                    overlap_free=t.run_slice() is not None or not may_overlap(t.shape, t.strides),
                     tensor=t)
 
 
@@ -359,11 +361,17 @@ def dma_copy(dst: Any, src: Any, oob_mode: Any = _oob_mode.error, dge_mode: Any 
                         f"{tuple(dst.shape)}; DMA element counts must match")
     s = _resolve(ins, src, oob)
     d = _resolve(ins, dst, oob)
+    if s.kind == "static" and d.kind == "static":
+        # Static views move through NumPy strides (no address arrays); same elements.
+        values = read(src, ins).reshape(-1)
+        store(dst, _convert(values, s.dtype, d.dtype), ins)
+        _account(ins, "direct", [s], d, int(values.size))
+        return
     mask = _transfer_mask(s, d)
     _check_destination_unique(ins, d, mask)
     s_addr, d_addr = s.index(mask), d.index(mask)
     values = read_raw(s.storage, s_addr, s.dtype, ins, src.name)
-    write_raw(d.storage, d_addr, _convert(values, s.dtype, d.dtype), d.dtype)
+    write_raw(d.storage, d_addr, _convert(values, s.dtype, d.dtype), d.dtype, ins)
     kind = "indirect_scatter" if isinstance(dst, IndirectAccess) else (
         "indirect_gather" if isinstance(src, IndirectAccess) else "direct")
     _account(ins, kind, [s], d, int(values.size))
@@ -450,7 +458,7 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mod
         s = _resolve(ins, src, oob)
     d = _resolve_static(dst)
     src_addr = np.transpose(s.shaped(), axes_t).reshape(-1)
-    d_addr = d.flat
+    d_addr = d.index(None)
     _check_destination_unique(ins, d, None)
     if s.valid is not None:
         keep = np.transpose(s.valid, axes_t).reshape(-1)

@@ -222,6 +222,7 @@ def nc_transpose(dst: Any, data: Any, engine: Any = None, name: str | None = Non
         if not fits_pe:
             raise nki_error(instr, "transpose size",
                             f"[{p}, {f}] exceeds the Tensor-engine transpose limit [128, 128]")
+        _check_psum_bank(instr, dst)  # a PE transpose is a matmul: one PSUM bank on trn2
     elif not fits_vector:
         raise nki_error(instr, "transpose size",
                         f"[{p}, {f}] exceeds the Vector-engine transpose limit [32, 32]")
