@@ -114,7 +114,7 @@ def _simulate(direction: str, n_src: int, tokens: int, d: int, seed: int = 0) ->
 
 
 def extrapolate(direction: str, b: int, t: int, n_src: int, d: int) -> tuple[Counts, bool, float]:
-    """Per-program counts for the full shape (program 0, the busier one), whether the k=3
+    """Per-program counts for the full shape (program 0; both issue the same stream), whether the k=3
     check matched exactly, and the simulation seconds."""
     start = time.time()
     runs = {k: _simulate(direction, n_src, LNC * k * TOKEN_TILE, d)[0] for k in (1, 2, 3)}

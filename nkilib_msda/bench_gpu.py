@@ -345,13 +345,16 @@ def _sweep_variants(dtype_name: str):
     for bq, warps in SAMPLES_SWEEP:
         yield (f"fwd samples head-slowest block_q={bq:3d} warps={warps}",
                dict(forward=tb.KernelConfig(bq, warps), forward_kernel="samples"), None)
+    for mask in (1, 3, 15):
+        yield (f"fwd points l1-bypass levels mask={mask}",
+               dict(forward_kernel="points", l1_bypass_levels=mask), None)
     yield "bwd default grad_value only", {}, (True, False, False)
     yield "bwd default loc+attn only", {}, (False, True, True)
     if dtype_name != "float32":
         yield "bwd default native-dtype atomics", dict(grad_value_accumulator="native"), everything
 
 
-def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, log=print) -> None:
+def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, only="", log=print) -> None:
     """Time tile configurations / program orders of our kernels (tuning aid).
 
     ``shard=(i, n)`` runs every n-th task from i; ``compile_only`` runs each variant once
@@ -371,7 +374,11 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, log=pri
             problem = validate_msda_args(value, shape.levels, None, loc, attn)
             base = tb.plan_launch(problem, dtype_name)
             log(f"\nsweep {shape_name} {dtype_name} (default: {base})")
+            reference_out = tb.msda_forward(value, problem, loc, attn, plan=tb.with_configs(
+                base, forward_kernel="points"))
             for label, changes, compute in _sweep_variants(dtype_name):
+                if only not in label:
+                    continue
                 task += 1
                 if task % shard[1] != shard[0]:
                     continue
@@ -385,7 +392,10 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, log=pri
                     fn()
                     continue
                 us = time_fn(fn, shape.decoder, warmup, rep)
-                log(f"  {label}: {us:8.1f} µs")
+                same = ""
+                if compute is None and changes.get("forward_kernel") == "points":
+                    same = " (bitwise = default)" if torch.equal(fn(), reference_out) else " (DIFFERS)"
+                log(f"  {label}: {us:8.1f} µs{same}")
             default_fwd = time_fn(lambda: tb.msda_forward(value, problem, loc, attn),
                                   shape.decoder, warmup, rep) if not compile_only else 0.0
             log(f"  default forward: {default_fwd:.1f} µs")
@@ -407,6 +417,7 @@ def parse_args(argv):
     p.add_argument("--sweep", action="store_true", help="time tile configurations instead")
     p.add_argument("--shard", default="0/1", help="sweep: run tasks i, i+n, ... given as i/n")
     p.add_argument("--compile-only", action="store_true", help="sweep: only compile (no timing)")
+    p.add_argument("--only", default="", help="sweep: only variants whose label contains this")
     return p.parse_args(argv)
 
 
@@ -432,7 +443,8 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     if args.sweep:
         shard = tuple(int(x) for x in args.shard.split("/"))
-        sweep(shapes, dtypes, args.warmup, args.rep, shard=shard, compile_only=args.compile_only)
+        sweep(shapes, dtypes, args.warmup, args.rep, shard=shard, compile_only=args.compile_only,
+              only=args.only)
         return 0
     os.makedirs(args.out, exist_ok=True)
     copy_bw = measure_copy_bandwidth()

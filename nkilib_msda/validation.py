@@ -18,6 +18,10 @@ LOCATION_LAYOUTS = ("BQHLP2", "B2QHLP")
 PADDING_MODES = ("zeros", "border", "reflection")
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 
+# The NKI kernels call `validate_msda_args` while tracing, and NKI before 0.7 rejects the `is`
+# operator in code a kernel runs, so None checks here use isinstance.
+_NoneType = type(None)
+
 
 @dataclass(frozen=True)
 class MSDAProblem:
@@ -80,8 +84,8 @@ def dtype_name(dtype: Any) -> str:
 
 
 def _describe(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    if shape is not None:
+    if hasattr(x, "shape"):
+        shape = x.shape
         return f"{type(x).__name__} of shape {tuple(shape)} and dtype {dtype_name(x.dtype)}"
     return f"{type(x).__name__} {x!r}"
 
@@ -95,7 +99,7 @@ def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> tuple[int,
             f"{name}: expected a float dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
             f"got dtype {dtype_name(x.dtype)}")
     shape = tuple(int(s) for s in x.shape)
-    if ndim is not None and len(shape) != ndim:
+    if isinstance(ndim, int) and len(shape) != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d tensor, got shape {shape}")
     return shape
 
@@ -113,7 +117,7 @@ def _is_int(v: Any) -> bool:
 
 def normalize_spatial_shapes(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     """Pairs (H, W) of positive ints from a tuple/list/array/tensor of shape (N_l, 2)."""
-    if isinstance(spatial_shapes, (str, bytes)) or spatial_shapes is None:
+    if isinstance(spatial_shapes, (str, bytes)) or isinstance(spatial_shapes, _NoneType):
         raise TypeError(
             f"spatial_shapes: expected a sequence of (H, W) int pairs or an int tensor of shape (N_l, 2), "
             f"got {_describe(spatial_shapes)}")
@@ -144,7 +148,7 @@ def normalize_level_start_index(level_start_index: Any, spatial_shapes: tuple[tu
     for h, w in spatial_shapes:
         expected.append(start)
         start += h * w
-    if level_start_index is None:
+    if isinstance(level_start_index, _NoneType):
         return tuple(expected)
     if isinstance(level_start_index, (str, bytes)):
         raise TypeError(f"level_start_index: expected a sequence of ints or None, got {level_start_index!r}")
@@ -239,7 +243,7 @@ def validate_msda_args(
         raise ValueError(
             f"attention_weights: expected shape (B, N_q, N_h, N_l, N_p) = {want_w}, got {wshape}")
 
-    if grad_output is not None:
+    if not isinstance(grad_output, _NoneType):
         gshape = check_float_tensor("grad_output", grad_output, 3)
         want_g = (batch, queries, heads * channels)
         if gshape != want_g:

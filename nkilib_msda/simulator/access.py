@@ -15,7 +15,7 @@ from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, IndirectAccess,
                                           NkiTensor, Storage)
 
-__all__ = ["read", "read_f32", "write", "store", "read_raw", "write_raw", "partition_info",
+__all__ = ["read", "read_f32", "write", "store", "store_masked", "read_raw", "write_raw", "partition_info",
            "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
            "require_tensor", "mark_initialised", "check_initialised", "assign", "may_overlap",
            "buffer_kind"]
@@ -134,12 +134,7 @@ def store(t: NkiTensor, values: np.ndarray, instruction: str) -> None:
         write_raw(t.storage, flat, values, t.dtype, instruction)
         return
     check_writable(t.storage, instruction)
-    if may_overlap(t.shape, t.strides):
-        addr = t.addresses().reshape(-1)
-        if np.unique(addr).size != addr.size:
-            raise nki_error(instruction, "overlapping destination",
-                            "the destination view writes some elements more than once "
-                            "(stride-0 / broadcast or overlapping pattern)")
+    _check_no_double_write(t, instruction)
     # Strided destinations are written through NumPy strides (no address arrays).
     storage = t.storage
     itemsize = t.dtype.itemsize
@@ -148,6 +143,29 @@ def store(t: NkiTensor, values: np.ndarray, instruction: str) -> None:
     if not storage.fully_initialised:
         mask_dtype, full = _MASK_VIEW[itemsize]
         t.np_view(storage.init, mask_dtype, itemsize)[...] = full
+
+
+def store_masked(t: NkiTensor, values: np.ndarray, mask: np.ndarray, instruction: str) -> None:
+    """Store ``values`` (``t.dtype.np``, one per selected element) where the bool ``mask``
+    (shape ``t.shape``) is set; other elements keep their contents and "written" state."""
+    storage = t.storage
+    check_writable(storage, instruction)
+    _check_no_double_write(t, instruction)
+    itemsize = t.dtype.itemsize
+    t.np_view(storage.data, t.dtype.np, itemsize)[mask] = values
+    storage.written = True
+    if not storage.fully_initialised:
+        mask_dtype, full = _MASK_VIEW[itemsize]
+        t.np_view(storage.init, mask_dtype, itemsize)[mask] = full
+
+
+def _check_no_double_write(t: NkiTensor, instruction: str) -> None:
+    if may_overlap(t.shape, t.strides):
+        addr = t.addresses().reshape(-1)
+        if np.unique(addr).size != addr.size:
+            raise nki_error(instruction, "overlapping destination",
+                            "the destination view writes some elements more than once "
+                            "(stride-0 / broadcast or overlapping pattern)")
 
 
 def may_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

@@ -40,7 +40,7 @@ class SimOptions:
     duplicate_scatter: str = "error"
     barrier_timeout_s: float | None = None
     source_rules: str = "error"
-    is_operator: str = "warn"
+    is_operator: str = "error"
 
 
 class ProgramScheduler:

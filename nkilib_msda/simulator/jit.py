@@ -277,7 +277,7 @@ def _is_abort(exc: BaseException) -> bool:
 def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
              duplicate_scatter: str = "error",
              barrier_timeout_s: float | None = None, source_rules: str = "error",
-             is_operator: str = "warn") -> Callable[..., Any]:
+             is_operator: str = "error") -> Callable[..., Any]:
     """``simulate(kernel, lnc=1, target="trn2", report=False)(*args, **kwargs)``.
 
     - lnc: 1 or 2 logical-core programs (default: the kernel's ``kernel[lnc]``, else 1).
@@ -288,7 +288,7 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
     - duplicate_scatter: "error" (default) or "last_writer_wins" (emulate the race).
     - source_rules: "error" (default), "warn" or "off" for the AST rules on the kernel's code
       (no neuronxcc imports, no nl.divide/mod/fmod); is_operator: the same for `is` / `is not`
-      comparisons (default "warn", see source_rules.py).
+      comparisons (rejected by NKI 0.3-0.6; see source_rules.py).
     """
     if not isinstance(kernel, JitKernel):
         if not callable(kernel):

@@ -264,6 +264,10 @@ def fori_loop(lo: int, hi: int, body: Any, step: int = 1) -> None:
     induction register is undefined behaviour and raises NkiError "loop induction register".
     Emulated eagerly, one iteration after the other (the body is a Python callable)."""
     ctx = current()
+    if getattr(ctx, "no_reorder_depth", 0) > 0:
+        raise nki_error("fori_loop", "inside no_reorder",
+                        "runtime loops (fori_loop / while_loop) are not allowed inside "
+                        "`with nl.no_reorder():`")
     for v, n in ((lo, "lo"), (hi, "hi"), (step, "step")):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise nki_error("fori_loop", n, f"{n} must be an int, got {type(v).__name__}")
@@ -290,13 +294,37 @@ def device_print(prefix: str, x: Any) -> None:
 
 
 class no_reorder:
-    """``with nl.no_reorder():`` — the emulator is already in order; a no-op."""
+    """``with nl.no_reorder():`` — the emulator is already in order; it only tracks the block
+    so that runtime loops inside it (not allowed) are rejected."""
 
     def __enter__(self) -> "no_reorder":
+        ctx = current_or_none()
+        if ctx is not None:
+            ctx.no_reorder_depth = getattr(ctx, "no_reorder_depth", 0) + 1
         return self
 
     def __exit__(self, *exc: object) -> None:
+        ctx = current_or_none()
+        if ctx is not None:
+            ctx.no_reorder_depth = getattr(ctx, "no_reorder_depth", 1) - 1
         return None
+
+
+_REMOVED_IN_BETA_2 = {
+    "arange": "use slices, nl.ds or .ap() access patterns",
+    "mgrid": "use slices, nl.ds or .ap() access patterns",
+    "par_dim": "dim 0 of an on-chip tensor is always the partition dim",
+    "spmd_dim": "launch with kernel[lnc] (lnc = 1 or 2)",
+    "nc": "launch with kernel[lnc] (lnc = 1 or 2)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Beta-1 names that beta 2 removed raise NkiError instead of AttributeError."""
+    if name in _REMOVED_IN_BETA_2:
+        raise nki_error(f"nl.{name}", "removed in beta 2",
+                        f"nl.{name} does not exist in NKI beta 2: {_REMOVED_IN_BETA_2[name]}")
+    raise AttributeError(f"module 'nki.language' has no attribute {name!r}")
 
 
 class NKIObject:

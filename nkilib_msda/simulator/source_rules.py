@@ -6,7 +6,7 @@ references, transitively, that is defined in the kernel's own top-level package 
 compiler inlines called functions, so their code is compiled too). The emulator's own modules
 are never inspected. Functions without retrievable source (``exec``-built) are skipped.
 
-Rules (``"<kernel qualname>: <rule>: <detail>"`` messages):
+Rules (messages ``"<qualname of the function holding it>: <rule>: <detail>"``):
 - ``is operator``: ``is`` / ``is not`` comparisons are rejected by NKI 0.3-0.6 ("use == / !=";
   supported again from 0.7). The emulator models the 0.5/0.6 surface, so it rejects them.
 - ``neuronxcc import``: importing ``neuronxcc`` (the beta-1 namespace) inside kernel code, or
@@ -17,10 +17,8 @@ Rules (``"<kernel qualname>: <rule>: <detail>"`` messages):
 ``simulate(..., source_rules="error")`` (default) raises NkiError on the first violation of the
 neuronxcc / fails-on-hardware rules; ``"warn"`` emits one NkiWarning per rule (naming the
 first violation and the count); ``"off"`` skips them. The ``is operator`` rule has its own
-switch, ``simulate(..., is_operator="warn")``: its default is "warn", not "error", only
-because package code that kernels call (validation, configs, kernel helpers) still uses
-``x is None``; set ``is_operator="error"`` to enforce it (the faithful NKI 0.5/0.6 behaviour)
-once that code uses ``==`` / ``!=``.
+switch, ``simulate(..., is_operator="error")`` (default; "warn" / "off" relax it, e.g. to run
+code written for NKI >= 0.7).
 """
 
 from __future__ import annotations
@@ -106,11 +104,11 @@ def _parse(func: types.FunctionType) -> ast.AST | None:
     return table.get(func.__code__.co_firstlineno)
 
 
-def _function_violations(func: types.FunctionType, tree: ast.AST) -> Iterator[tuple[str, str]]:
-    """(rule, detail) of the violations in one function's own source."""
+def _function_violations(func: types.FunctionType, nodes: list[ast.AST]) -> Iterator[tuple[str, str]]:
+    """(rule, detail) of the violations in one function's own source (its AST ``nodes``)."""
     where = f"{func.__code__.co_filename}:{{}}"
     g = func.__globals__
-    for node in ast.walk(tree):
+    for node in nodes:
         line = where.format(getattr(node, "lineno", func.__code__.co_firstlineno))
         if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot))
                                                  for op in node.ops):
@@ -137,12 +135,12 @@ def _function_violations(func: types.FunctionType, tree: ast.AST) -> Iterator[tu
                    "on hardware; multiply by a reciprocal instead")
 
 
-def _referenced(func: types.FunctionType, tree: ast.AST, package: str) -> Iterator[Any]:
-    """Functions and classes of ``package`` that ``func`` references by global name or as
-    ``module.attr``."""
+def _referenced(func: types.FunctionType, nodes: list[ast.AST], package: str) -> Iterator[Any]:
+    """Functions and classes of ``package`` that ``func`` (AST ``nodes``) references by global
+    name or as ``module.attr``."""
     g = func.__globals__
     builtins_ns = g.get("__builtins__")
-    for node in ast.walk(tree):
+    for node in nodes:
         value = None
         if isinstance(node, ast.Name):
             value = g.get(node.id)
@@ -157,6 +155,24 @@ def _referenced(func: types.FunctionType, tree: ast.AST, package: str) -> Iterat
         value = _unwrap(value)
         if isinstance(value, (types.FunctionType, type)) and _in_scope(value, package):
             yield value
+
+
+_FUNCTION_INFO: dict[tuple[Any, str], tuple[list[tuple[str, str]], list[Any]]] = {}
+
+
+def _function_info(func: types.FunctionType, package: str) -> tuple[list[tuple[str, str]], list[Any]]:
+    """(violations, referenced functions/classes) of one function, computed once per code."""
+    key = (func.__code__, package)
+    info = _FUNCTION_INFO.get(key)
+    if info is None:
+        tree = _parse(func)
+        if tree is None:
+            info = ([], [])
+        else:
+            nodes = list(ast.walk(tree))
+            info = (list(_function_violations(func, nodes)), list(_referenced(func, nodes, package)))
+        _FUNCTION_INFO[key] = info
+    return info
 
 
 def _class_functions(cls: type) -> Iterator[types.FunctionType]:
@@ -193,12 +209,9 @@ def kernel_source_violations(kernel: Callable[..., Any]) -> tuple[tuple[str, str
         if isinstance(obj, type):
             todo.extend(_class_functions(obj))
             continue
-        tree = _parse(obj)
-        if tree is None:
-            continue
-        for rule, detail in _function_violations(obj, tree):
-            found.append((obj.__qualname__, rule, detail))
-        todo.extend(_referenced(obj, tree, package))
+        violations, referenced = _function_info(obj, package)
+        found.extend((obj.__qualname__, rule, detail) for rule, detail in violations)
+        todo.extend(referenced)
     result = tuple(found)
     _CACHE[key] = result
     return result

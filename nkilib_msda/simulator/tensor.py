@@ -298,9 +298,14 @@ class NkiTensor(_ViewBase):
                             self.offset)
 
     def broadcast(self, dim: int, size: int) -> "NkiTensor":
-        """Repeat a size-1 dim ``size`` times (stride 0); never on-chip dim 0."""
+        """Repeat a size-1 dim ``size`` times (stride 0); never dim 0 (nki-subset.md §3 says
+        "not dim 0" without restricting it to on-chip tensors, so HBM dim 0 is rejected too)."""
         d = self._dim(dim, "broadcast")
         self._no_partition_change(d, "broadcast")
+        if d == 0:
+            raise nki_error("broadcast", "dim 0",
+                            f"dim 0 cannot be broadcast ({self.buffer} {self.shape}); broadcast a "
+                            "free dim, or expand_dim first")
         if self.shape[d] != 1:
             raise nki_error("broadcast", "size-1 dim",
                             f"dim {d} has size {self.shape[d]}, only size-1 dims broadcast")

@@ -70,15 +70,34 @@ def test_argument_errors(kwargs, match):
             planner(**args)
 
 
-@pytest.mark.parametrize("tokens,lnc", [(1, 1), (128, 2), (130, 2), (1000, 2), (1000, 1), (129, 2)])
-def test_tiles_cover_tokens_once(tokens, lnc):
+@pytest.mark.parametrize("tokens,lnc", [(1, 1), (1, 2), (2, 2), (128, 2), (130, 2), (1000, 2),
+                                        (1000, 1), (129, 2), (257, 2), (385, 2), (8192, 2)])
+def test_tiles_cover_tokens_once_and_match_across_programs(tokens, lnc):
+    """Tiles cover every token once, in order; at LNC=2 both programs run the same number of
+    tiles of the same sizes (even BT) or sizes that differ in one tile by one token (odd BT)."""
     plan = plan_forward(3, tokens, 256, "bfloat16", lnc=lnc)
     rows = []
-    for pid in range(lnc):
-        for tile in plan.tiles_of(pid):
-            start, count = plan.tile_rows(tile)
+    per_program = [plan.tiles_of(pid) for pid in range(lnc)]
+    for tiles in per_program:
+        for start, count in tiles:
             assert 1 <= count <= TOKEN_TILE
             rows.extend(range(start, start + count))
     assert rows == list(range(tokens))
-    counts = [len(plan.tiles_of(pid)) for pid in range(lnc)]
-    assert max(counts) - min(counts) <= 1
+    assert len(per_program[0]) == plan.tiles_per_program == -(-tokens // (TOKEN_TILE * lnc))
+    if lnc == 2 and tokens > 1:
+        sizes = [[count for _, count in tiles] for tiles in per_program]
+        assert len(sizes[0]) == len(sizes[1])
+        diffs = sorted(a - b for a, b in zip(*sizes))
+        expected = [0] * len(diffs) if tokens % 2 == 0 else [0] * (len(diffs) - 1) + [1]
+        assert diffs == expected, sizes
+    if lnc == 2 and tokens == 1:
+        assert per_program[1] == ()
+
+
+@pytest.mark.parametrize("dim,lnc,band,staged", [(512, 2, 256, False), (200, 2, 100, False),
+                                                  (257, 2, 129, True), (7168, 2, 3584, False),
+                                                  (257, 1, 257, False)])
+def test_weight_gradient_bands(dim, lnc, band, staged):
+    plan = plan_backward(4, 256, dim, "bfloat16", lnc=lnc)
+    assert (plan.weight_band, plan.stage_weight_band) == (band, staged)
+    assert plan.weight_band_chunks == -(-band // 128)

@@ -74,18 +74,20 @@ def _kernel_clean(a):
 def test_is_operator_rule_error_warn_off():
     x = np.ones((2, 2), np.float32)
     with pytest.raises(NkiError, match=r"^_kernel_is: is operator: `a is None`"):
-        simulate(_kernel_is, is_operator="error")(x)
+        simulate(_kernel_is)(x)  # default: error
+    with pytest.raises(NkiError, match=r"^_kernel_is: is operator"):
+        _kernel_is(x)  # calling the jit kernel simulates with the defaults
     with pytest.warns(NkiWarning, match="is operator"):
-        np.testing.assert_array_equal(simulate(_kernel_is)(x), x)  # default: warn
+        np.testing.assert_array_equal(simulate(_kernel_is, is_operator="warn")(x), x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         simulate(_kernel_is, is_operator="off")(x)
-        simulate(_kernel_clean, is_operator="error")(x)
+        simulate(_kernel_clean)(x)
 
 
 def test_is_operator_found_in_called_functions():
     with pytest.raises(NkiError, match=r"^_helper_with_is: is operator: `x is None`"):
-        simulate(_kernel_calls_helper, is_operator="error")(np.ones((2, 2), np.float32))
+        simulate(_kernel_calls_helper)(np.ones((2, 2), np.float32))
 
 
 def test_divide_reference_rejected_even_on_an_untaken_branch():
@@ -505,3 +507,74 @@ def test_matmul_tiling_mode_checks_and_keeps_semantics():
         in_kernel(body, a, m, (16, 0), (32, 32))
     with raises_rule("nc_matmul", "tiling mode"):  # 16 is not a PE tile size (32, 64, 128)
         in_kernel(body, a, m, (0, 0), (16, 32))
+
+
+def test_dma_is_exempt_from_the_start_partition_rule():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+
+    def body(a, compute):
+        t = nl.ndarray((16, 4), nl.float32, buffer=nl.sbuf)
+        if compute:
+            nisa.tensor_copy(t[5:8, :], _load(a))
+        else:
+            nisa.dma_copy(dst=t[5:8, :], src=a)  # partitions 5..7: fine for a DMA
+        out = nl.ndarray((3, 4), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t[5:8, :])
+        return out
+
+    np.testing.assert_array_equal(in_kernel(body, x, False), x)
+    with raises_rule("tensor_copy", "start partition"):
+        in_kernel(body, x, True)
+
+
+def test_iota_channel_multiplier_needs_partition_0():
+    def body(a, start, multiplier):
+        t = nl.ndarray((64, 2), nl.int32, buffer=nl.sbuf)
+        nisa.iota(t[start:start + 32, :], [[1, 2]], offset=0, channel_multiplier=multiplier)
+        return _store(t[start:start + 32, :])
+
+    assert in_kernel(body, np.ones(1, np.float32), 32, 0).tolist() == [[0, 1]] * 32
+    with raises_rule("iota", "ambiguous partition index"):
+        in_kernel(body, np.ones(1, np.float32), 32, 1)
+    got = in_kernel(body, np.ones(1, np.float32), 0, 2)
+    assert got.tolist() == [[2 * p, 2 * p + 1] for p in range(32)]
+
+
+def test_predicated_copy_writes_only_selected_elements():
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    pred = (RNG.random((4, 8)) > 0.5).astype(np.uint8)
+
+    def body(a, ph):
+        dst = _filled((4, 8), -3.0)
+        nisa.tensor_copy_predicated(dst, _load(a), _load(ph))
+        return _store(dst)
+
+    np.testing.assert_array_equal(in_kernel(body, x, pred), np.where(pred != 0, x, -3.0))
+
+    def broadcast_dst(a, ph):
+        dst = _filled((4, 1), 0.0).broadcast(1, 8)  # every element written 8 times
+        nisa.tensor_copy_predicated(dst, _load(a), _load(ph))
+
+    with raises_rule("tensor_copy_predicated", "overlapping destination"):
+        in_kernel(broadcast_dst, x, pred)
+
+
+def test_broadcast_never_dim_0_even_in_hbm():
+    with raises_rule("broadcast", "dim 0"):
+        in_kernel(lambda a: a.broadcast(0, 4), np.ones((1, 3), np.float32))
+
+
+@pytest.mark.parametrize("name", ["arange", "mgrid", "par_dim", "spmd_dim", "nc"])
+def test_beta_1_names_are_removed(name):
+    with raises_rule(f"nl.{name}", "removed in beta 2"):
+        getattr(nl, name)
+
+
+def test_fori_loop_not_inside_no_reorder():
+    def body(a):
+        with nl.no_reorder():
+            nl.fori_loop(0, 2, lambda reg: None)
+
+    with raises_rule("fori_loop", "inside no_reorder"):
+        in_kernel(body, np.ones(1, np.float32))
+    in_kernel(lambda a: nl.fori_loop(0, 2, lambda reg: None), np.ones(1, np.float32))

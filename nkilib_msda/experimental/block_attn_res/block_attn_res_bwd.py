@@ -10,9 +10,19 @@ so no eps is needed). Per token, with u = scale*gamma*w (scale*w without RMSNorm
   beta = sum over tokens and sources of a_l v_l (fp32, Tensor engine into one PSUM bank),
   grad_w = scale*gamma*beta and grad_gamma = scale*w*beta (grad_w = scale*beta without RMSNorm).
 Returns (grad_values [L, BT, D] in the values' dtype, grad_w [D] fp32, grad_gamma [D] fp32) with
-RMSNorm, else (grad_values, grad_w). With LNC=2 each program writes its beta partial to shared
-HBM, both meet at a core barrier, and program 0 adds partial 0 + partial 1 and writes the weights'
-gradients.
+RMSNorm, else (grad_values, grad_w).
+
+LNC=2 (both programs run the same control flow; only addresses depend on ``nl.program_id``):
+- Tokens: program p takes ceil(BT/2) tokens from p*ceil(BT/2), in ``plan.tiles_per_program``
+  near-equal tiles (tiling.py), so both run the same number of tiles. Ragged grey zone: with odd
+  BT one tile of program 1 is one token shorter (same instructions, smaller access patterns);
+  with BT = 1 program 1 has no tile and skips the tile loop (everything after it is identical:
+  beta starts from an overwriting zero matmul, so it is defined without a tile).
+- Weight gradients: each program scales its own beta partial (s*gamma*beta_p, s*w*beta_p), writes
+  it to shared HBM and meets the other at a core barrier; then program p adds partial 0 +
+  partial 1 (fixed order, fp32) over its band [p*Db, p*Db + Db) of D, Db = ceil(D/2), and writes
+  that band. Odd D: program 1's band is one value shorter, so both stage their band in HBM and
+  write it with one contiguous DMA (program 1's is one value shorter; D = 1: it writes nothing).
 """
 
 from __future__ import annotations
@@ -52,13 +62,14 @@ class _Tiles:
         splits = plan.coeff_splits
         self.coeff_mm = nl.ndarray((p, n_src, splits), dtype=mm_dtype, buffer=nl.sbuf, name="coeff_mm")
         self.c = nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name="c")
-        n_beta = 2 if plan.lnc == 2 else 1
-        self.beta = [nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name=f"beta{i}")
-                     for i in range(n_beta)]
+        self.beta = nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name="beta")
         self.w_t = nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name="w_t")
         self.gamma_t = nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name="gamma_t")
-        self.grad_w_t = nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name="grad_w_t")
-        self.grad_gamma_t = nl.ndarray((p, chunks), dtype=_F32, buffer=nl.sbuf, name="grad_gamma_t")
+        # [:, 0] grad_w, [:, 1] grad_gamma (this program's partial with LNC=2)
+        self.grads = nl.ndarray((p, 2, chunks), dtype=_F32, buffer=nl.sbuf, name="grads_t")
+        if plan.lnc == 2:  # [:, k, j] = partial k of output j, this program's band
+            self.bands = nl.ndarray((p, plan.lnc, 2, plan.weight_band_chunks), dtype=_F32,
+                                    buffer=nl.sbuf, name="weight_bands")
         self.beta_psum = nl.ndarray((p, chunks, splits), dtype=_F32, buffer=nl.psum, name="beta_psum")
 
 
@@ -124,14 +135,27 @@ def _grad_source(t: _Tiles, v: Any, dh: Any, coeff: Any, gv: Any, rows: int, l: 
                               op1=nl.add, operand1=prod)
 
 
-def _accumulate_beta(t: _Tiles, v: Any, rows: int, l: int, dim: int, first: bool) -> None:
+def _zero_beta_psum(t: _Tiles, dim: int) -> None:
+    """beta_psum = 0 by one overwriting matmul of zeros (PSUM accumulation is defined only after
+    an overwriting matmul, not after a memset). Every beta matmul then accumulates, so a program
+    without token tiles still evacuates a defined zero beta."""
+    m = min(dim, BETA_CHUNK)
+    zero_stationary = t.product[0:1, 0:m]
+    zero_moving = t.grads[0:1, 0:t.beta_psum.shape[2], :]  # chunks * splits columns
+    nisa.memset(dst=zero_stationary, value=0.0)
+    nisa.memset(dst=zero_moving, value=0.0)
+    nisa.nc_matmul(dst=t.beta_psum[0:m], stationary=zero_stationary, moving=zero_moving,
+                   accumulate=False)
+
+
+def _accumulate_beta(t: _Tiles, v: Any, rows: int, l: int, dim: int) -> None:
     """beta_psum[p, c, k] += sum_tokens v[token, c*128 + p] * a_k[token, l] (contract over
     tokens; k runs over the hi/lo parts of a)."""
     for c in range(t.beta_psum.shape[1]):
         width = min(BETA_CHUNK, dim - c * BETA_CHUNK)
         nisa.nc_matmul(dst=t.beta_psum[0:width, c, :],
                        stationary=v[:, c * BETA_CHUNK:c * BETA_CHUNK + width],
-                       moving=t.coeff_mm[0:rows, l, :], accumulate=not first)
+                       moving=t.coeff_mm[0:rows, l, :], accumulate=True)
 
 
 def _column_groups(dim: int) -> list[tuple[int, int, int]]:
@@ -143,9 +167,9 @@ def _column_groups(dim: int) -> list[tuple[int, int, int]]:
     return groups
 
 
-def _chunked_view(vector: Any, first: int, cols: int, rows: int) -> Any:
-    """HBM view [rows, cols] of a [D] vector: element (p, c) = vector[(first + c)*128 + p]."""
-    return vector.ap([[1, rows], [BETA_CHUNK, cols]], offset=first * BETA_CHUNK)
+def _chunked_view(vector: Any, first: int, cols: int, rows: int, start: int = 0) -> Any:
+    """HBM view [rows, cols] of a [D] vector: element (p, c) = vector[start + (first + c)*128 + p]."""
+    return vector.ap([[1, rows], [BETA_CHUNK, cols]], offset=start + first * BETA_CHUNK)
 
 
 def _split_coefficients(t: _Tiles, rows: int, coeff: Any) -> None:
@@ -179,53 +203,82 @@ def _tile_backward(t: _Tiles, reader: _SourceReader, grad_h: Any, alpha: Any, rm
         gv = t.grad_v[(i * n_src + l) % plan.buffers][r]
         _grad_source(t, v, dh, coeff, gv, rows, l, rms_on)
         nisa.dma_copy(dst=grad_values[l, row0:row0 + rows, :], src=gv)
-        _accumulate_beta(t, v, rows, l, dim, first=(i == 0 and l == 0))
+        _accumulate_beta(t, v, rows, l, dim)
 
 
-def _combine_beta(t: _Tiles, plan: BackwardPlan, pid: int, has_tiles: bool) -> Any:
-    """This program's beta in SBUF; with LNC=2, program 0's becomes partial0 + partial1 (the
-    caller lets only program 0 write the weights' gradients)."""
-    beta = t.beta[0]
-    nisa.memset(dst=beta, value=0.0)
-    if has_tiles:
-        for first, cols, rows in _column_groups(plan.dim):
-            nisa.tensor_reduce(dst=beta[0:rows, first:first + cols], op=nl.add,
-                               data=t.beta_psum[0:rows, first:first + cols, :], axis=2)
-    if plan.lnc == 1:
-        return beta
-    partials = nl.ndarray((plan.lnc, TOKEN_TILE, plan.beta_chunks), dtype=_F32,
-                          buffer=nl.shared_hbm, name="beta_partials")
-    nisa.dma_copy(dst=partials[pid], src=beta)
-    nisa.core_barrier(partials, cores=(0, 1))
-    if pid != 0:
-        return beta
-    nisa.dma_copy(dst=t.beta[1], src=partials[1])
-    nisa.tensor_tensor(dst=beta, data1=beta, data2=t.beta[1], op=nl.add)  # partial0 + partial1
-    return beta
-
-
-def _write_weight_grads(t: _Tiles, beta: Any, proj_weight: Any, rmsnorm_gamma: Any, scale: float,
-                        plan: BackwardPlan, grad_w: Any, grad_gamma: Any) -> None:
+def _partial_weight_grads(t: _Tiles, plan: BackwardPlan, proj_weight: Any, rmsnorm_gamma: Any,
+                          scale: float) -> None:
+    """t.grads[:, 0] = s*gamma*beta (s*beta without RMSNorm), t.grads[:, 1] = s*w*beta, from this
+    program's tokens, in the [128, chunks] layout (d = c*128 + p). Rows past D are exact zeros:
+    beta, w and gamma tiles are zeroed before their column groups are filled."""
     groups = _column_groups(plan.dim)
-    inputs = [(t.w_t, proj_weight)] + ([(t.gamma_t, rmsnorm_gamma)] if plan.enable_rmsnorm else [])
-    for tile, vector in inputs:
+    nisa.memset(dst=t.beta, value=0.0)
+    for first, cols, rows in groups:
+        nisa.tensor_reduce(dst=t.beta[0:rows, first:first + cols], op=nl.add,
+                           data=t.beta_psum[0:rows, first:first + cols, :], axis=2)
+    s = float(scale)
+    if not plan.enable_rmsnorm:
+        nisa.tensor_scalar(dst=t.grads[:, 0, :], data=t.beta, op0=nl.multiply, operand0=s)
+        return
+    for tile, vector in ((t.w_t, proj_weight), (t.gamma_t, rmsnorm_gamma)):
         nisa.memset(dst=tile, value=0.0)
         for first, cols, rows in groups:
             nisa.dma_copy(dst=tile[0:rows, first:first + cols],
                           src=_chunked_view(vector, first, cols, rows))
-    s = float(scale)
-    if plan.enable_rmsnorm:
-        nisa.scalar_tensor_tensor(dst=t.grad_w_t, data=t.gamma_t, op0=nl.multiply, operand0=s,
-                                  op1=nl.multiply, operand1=beta)
-        nisa.scalar_tensor_tensor(dst=t.grad_gamma_t, data=t.w_t, op0=nl.multiply, operand0=s,
-                                  op1=nl.multiply, operand1=beta)
-    else:
-        nisa.tensor_scalar(dst=t.grad_w_t, data=beta, op0=nl.multiply, operand0=s)
-    outputs = [(t.grad_w_t, grad_w)] + ([(t.grad_gamma_t, grad_gamma)] if plan.enable_rmsnorm else [])
-    for tile, out in outputs:
-        for first, cols, rows in groups:
-            nisa.dma_copy(dst=_chunked_view(out, first, cols, rows),
-                          src=tile[0:rows, first:first + cols])
+    nisa.scalar_tensor_tensor(dst=t.grads[:, 0, :], data=t.gamma_t, op0=nl.multiply, operand0=s,
+                              op1=nl.multiply, operand1=t.beta)
+    nisa.scalar_tensor_tensor(dst=t.grads[:, 1, :], data=t.w_t, op0=nl.multiply, operand0=s,
+                              op1=nl.multiply, operand1=t.beta)
+
+
+def _write_weight_grads(t: _Tiles, plan: BackwardPlan, pid: int, outputs: tuple) -> None:
+    """Write grad_w (and grad_gamma). LNC=1: straight from t.grads. LNC=2: both programs write
+    their partials to shared HBM and meet at a core barrier; then program p adds partial 0 +
+    partial 1 (fixed order, fp32) over its band [p*Db, p*Db + Db) of D, Db = ceil(D/2), and
+    writes it. Only addresses depend on p: both programs issue the same instructions."""
+    n_out = len(outputs)
+    if plan.lnc == 1:
+        for j, out in enumerate(outputs):
+            for first, cols, rows in _column_groups(plan.dim):
+                nisa.dma_copy(dst=_chunked_view(out, first, cols, rows),
+                              src=t.grads[0:rows, j, first:first + cols])
+        return
+    band, lnc = plan.weight_band, plan.lnc
+    padded = lnc * band  # D + 1 for odd D; the padding value is a written zero
+    partials = nl.ndarray((lnc, 2, padded), dtype=_F32, buffer=nl.shared_hbm,
+                          name="weight_grad_partials")
+    for first, cols, rows in _column_groups(padded):
+        nisa.dma_copy(dst=partials.ap([[1, rows], [padded, n_out], [BETA_CHUNK, cols]],
+                                      offset=pid * 2 * padded + first * BETA_CHUNK),
+                      src=t.grads[0:rows, 0:n_out, first:first + cols])
+    nisa.core_barrier(partials, cores=(0, 1))
+    start = pid * band
+    band_groups = _column_groups(band)
+    for first, cols, rows in band_groups:
+        both = t.bands[0:rows, :, 0:n_out, first:first + cols]
+        nisa.dma_copy(dst=both, src=partials.ap(
+            [[1, rows], [2 * padded, lnc], [padded, n_out], [BETA_CHUNK, cols]],
+            offset=start + first * BETA_CHUNK))
+        total = t.bands[0:rows, 0, 0:n_out, first:first + cols]
+        nisa.tensor_tensor(dst=total, data1=total, data2=t.bands[0:rows, 1, 0:n_out, first:first + cols],
+                           op=nl.add)  # partial 0 + partial 1 on both programs
+    if not plan.stage_weight_band:
+        for j, out in enumerate(outputs):
+            for first, cols, rows in band_groups:
+                nisa.dma_copy(dst=_chunked_view(out, first, cols, rows, start),
+                              src=t.bands[0:rows, 0, j, first:first + cols])
+        return
+    # Odd D: program 1's band is one value shorter, which would change its column groups. Stage
+    # the band in partials[0] (only this program reads this band of it, and it already has) and
+    # copy it to the outputs with one contiguous DMA each.
+    for first, cols, rows in band_groups:
+        nisa.dma_copy(dst=partials.ap([[1, rows], [padded, n_out], [BETA_CHUNK, cols]],
+                                      offset=start + first * BETA_CHUNK),
+                      src=t.bands[0:rows, 0, 0:n_out, first:first + cols])
+    count = min(band, plan.dim - start)  # band, or band - 1 on program 1 (0 when D = 1)
+    for j, out in enumerate(outputs):
+        if count:
+            nisa.dma_copy(dst=out[start:start + count], src=partials[0, j, start:start + count])
 
 
 @nki.jit
@@ -254,14 +307,12 @@ def block_attn_res_bwd(grad_h, values, proj_weight, alpha, rmsnorm_gamma=None, r
 
     t = _Tiles(plan, values.dtype)
     load_query(t.u, t.product, proj_weight, rmsnorm_gamma, scale, enable_rmsnorm)
+    _zero_beta_psum(t, dim)
     reader = _SourceReader(t, values, plan)
-    tiles = plan.tiles_of(pid)
-    for i, tile in enumerate(tiles):
-        row0, rows = plan.tile_rows(tile)
+    for i, (row0, rows) in enumerate(plan.tiles_of(pid)):
         _tile_backward(t, reader, grad_h, alpha, rms, grad_values, plan, i, row0, rows)
-    beta = _combine_beta(t, plan, pid, len(tiles) > 0)
-    if pid == 0:
-        _write_weight_grads(t, beta, proj_weight, rmsnorm_gamma, scale, plan, grad_w, grad_gamma)
+    _partial_weight_grads(t, plan, proj_weight, rmsnorm_gamma, scale)
+    _write_weight_grads(t, plan, pid, (grad_w, grad_gamma) if enable_rmsnorm else (grad_w,))
     if enable_rmsnorm:
         return grad_values, grad_w, grad_gamma
     return grad_values, grad_w

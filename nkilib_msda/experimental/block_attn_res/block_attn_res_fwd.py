@@ -5,8 +5,13 @@ block when there is one), ``proj_weight`` and ``rmsnorm_gamma`` [D] fp32. Per to
 r_l = sqrt(mean_d v_ld^2 + eps), z_l = (v_l . u) / r_l with u = scale*gamma*w (or z_l = v_l . u,
 u = scale*w, without RMSNorm), alpha = softmax_l(z), h = sum_l alpha_l v_l.
 Returns (h [BT, D] in the values' dtype, rms [BT, L] fp32, alpha [BT, L] fp32) with RMSNorm,
-else (h, alpha). Token tiles of 128 are split between the LNC programs; see tiling.py for the
-slab / stream (grouped online softmax) modes.
+else (h, alpha). See tiling.py for the slab / stream (grouped online softmax) modes.
+
+LNC=2: program p takes ceil(BT/2) tokens from p*ceil(BT/2), in ``plan.tiles_per_program``
+near-equal tiles of <= 128, so both programs run the same instructions (only addresses depend on
+``nl.program_id``). Ragged grey zone: with odd BT one tile of program 1 is one token shorter
+(same instructions, smaller access patterns); with BT = 1 program 1 has no tile and issues only
+the query setup.
 """
 
 from __future__ import annotations
@@ -170,8 +175,7 @@ def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsno
     t = _Tiles(plan, values.dtype)
     load_query(t.u, t.product, proj_weight, rmsnorm_gamma, scale, enable_rmsnorm)
     slab_counter = [0]
-    for i, tile in enumerate(plan.tiles_of(pid)):
-        row0, rows = plan.tile_rows(tile)
+    for i, (row0, rows) in enumerate(plan.tiles_of(pid)):
         h_tile = t.h[i % plan.buffers]
         _forward_tile(t, values, plan, h_tile, row0, rows, rmsnorm_eps, slab_counter)
         nisa.dma_copy(dst=h[row0:row0 + rows, :], src=h_tile[0:rows])

@@ -1,7 +1,9 @@
 """Tiling plans for the Block AttnRes kernels, computed before any instruction is emitted.
 
-Kernel layout: source-major values [L, BT, D]; 128 tokens per tile on the partitions, D on the
-free axis, the softmax over L as a free-axis op on a [tokens, L] tile. Every SBUF buffer the
+Kernel layout: source-major values [L, BT, D]; up to 128 tokens per tile on the partitions, D
+on the free axis, the softmax over L as a free-axis op on a [tokens, L] tile. Each of the lnc
+programs takes ceil(BT / lnc) consecutive tokens in ceil(BT / (128 lnc)) near-equal tiles, so at
+LNC=2 both programs run the same number of tiles (see ``tiles_of``). Every SBUF buffer the
 kernels allocate is listed here (bytes per partition), so the budget check is exact.
 
 Forward modes
@@ -50,22 +52,36 @@ class _Plan:
     sbuf_budget: int
 
     @property
-    def num_tiles(self) -> int:
-        return _ceil_div(self.num_tokens, TOKEN_TILE)
-
-    @property
     def tiles_per_program(self) -> int:
-        return _ceil_div(self.num_tiles, self.lnc)
+        """Token tiles of every program: ceil(BT / (128 * lnc))."""
+        return _ceil_div(self.num_tokens, TOKEN_TILE * self.lnc)
 
-    def tiles_of(self, program_id: int) -> range:
-        """Token tiles handled by one logical-core program (contiguous, in order)."""
-        start = program_id * self.tiles_per_program
-        return range(min(start, self.num_tiles), min(start + self.tiles_per_program, self.num_tiles))
+    def program_tokens(self, program_id: int) -> tuple[int, int]:
+        """(first token, token count) of one program: ceil(BT / lnc) tokens, the last program
+        one fewer when BT is odd at LNC=2 (none when BT = 1)."""
+        share = _ceil_div(self.num_tokens, self.lnc)
+        start = min(program_id * share, self.num_tokens)
+        return start, min(share, self.num_tokens - start)
 
-    def tile_rows(self, tile: int) -> tuple[int, int]:
-        """(first token, token count) of a tile; the last tile may be partial."""
-        start = tile * TOKEN_TILE
-        return start, min(TOKEN_TILE, self.num_tokens - start)
+    def tiles_of(self, program_id: int) -> tuple[tuple[int, int], ...]:
+        """(first token, token count) of each token tile of one program, in order.
+
+        Every program splits its tokens into ``tiles_per_program`` near-equal tiles (larger
+        ones first), so at LNC=2 both programs run the same number of tiles, of the same sizes
+        when BT is even; when BT is odd exactly one tile of program 1 is one token shorter
+        (BT = 1: program 1 has no tile).
+        """
+        start, count = self.program_tokens(program_id)
+        n_tiles = min(self.tiles_per_program, count)
+        if n_tiles == 0:
+            return ()
+        base, extra = divmod(count, n_tiles)
+        tiles = []
+        for i in range(n_tiles):
+            rows = base + (1 if i < extra else 0)
+            tiles.append((start, rows))
+            start += rows
+        return tuple(tiles)
 
     @property
     def total_sbuf_bytes(self) -> int:
@@ -102,6 +118,22 @@ class BackwardPlan(_Plan):
         """Dtype of the beta matmul's moving operand (the coefficients a): fp32 with fp32 values,
         else bf16 (fp16 would flush small g/r to subnormals)."""
         return "float32" if self.dtype == "float32" else "bfloat16"
+
+    @property
+    def weight_band(self) -> int:
+        """D values of grad_w / grad_gamma each program combines and writes: ceil(D / lnc)."""
+        return _ceil_div(self.dim, self.lnc)
+
+    @property
+    def weight_band_chunks(self) -> int:
+        """Columns of one band in the [128, chunks] layout."""
+        return _ceil_div(self.weight_band, BETA_CHUNK)
+
+    @property
+    def stage_weight_band(self) -> bool:
+        """LNC=2 with odd D: the bands differ by one value, so each program stages its band in
+        HBM and writes it with one contiguous DMA (same instruction count, one value fewer)."""
+        return self.dim % self.lnc != 0
 
     @property
     def coeff_splits(self) -> int:
@@ -206,6 +238,7 @@ def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: 
     if chunks > PSUM_BANK_FP32:
         raise ValueError(f"dim: D={dim} exceeds one PSUM bank of beta columns "
                          f"({PSUM_BANK_FP32 * BETA_CHUNK})")
+    band_chunks = _ceil_div(_ceil_div(dim, lnc), BETA_CHUNK)
     mm_bytes, splits = (4, 1) if dtype == "float32" else (2, 2)
     if chunks * splits > PSUM_BANK_FP32:
         raise ValueError(f"dim: D={dim} exceeds one PSUM bank of beta columns "
@@ -221,9 +254,10 @@ def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: 
             "scores": _small_tiles(num_sources, 10),  # alpha, rms, rinv, d_alpha, d_u, weighted, z, g, a, b
             "coeff_mm": mm_bytes * num_sources * splits,  # matmul copy of a (hi, lo)
             "columns": 4,  # c = sum_k alpha_k d_alpha_k
-            "beta": 4 * chunks * (2 if lnc == 2 else 1),  # evacuated beta (+ the partner's partial)
+            "beta": 4 * chunks,  # beta evacuated from PSUM
             "weights_t": 2 * 4 * chunks,  # w and gamma in the [128, chunks] beta layout
-            "grads_t": 2 * 4 * chunks,  # grad_w and grad_gamma in that layout
+            "grads_t": 2 * 4 * chunks,  # this program's grad_w and grad_gamma in that layout
+            "weight_bands": 4 * lnc * 2 * band_chunks if lnc == 2 else 0,  # both partials' bands
             "values": nbuf * per_source,
         }
 

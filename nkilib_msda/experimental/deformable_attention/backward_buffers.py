@@ -65,8 +65,8 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
     region = per_batch  # one buffer
     flats = [buf.reshape((buf.shape[0] * buf.shape[1],)) for buf in buffer_sets]
     gv_flat = grad_value.reshape((p.batch * per_batch,))
-    prev_flat = None if prev_reduced is None else prev_reduced.reshape((p.batch * per_batch,))
-    red_flat = None if reduced_out is None else reduced_out.reshape((p.batch * per_batch,))
+    prev_flat = None if prev_reduced == None else prev_reduced.reshape((p.batch * per_batch,))  # noqa: E711
+    red_flat = None if reduced_out == None else reduced_out.reshape((p.batch * per_batch,))  # noqa: E711
     same_dtype = str(grad_value.dtype) == str(nl.float32)
     e0, e1 = cfg.reduce_bands(core)
     for b in range(p.batch):
@@ -82,9 +82,9 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
                 nisa.dma_compute(dst=acc, srcs=[acc] + rest[:step], reduce_op=nl.add)
                 rest = rest[step:]
             out_off = b * per_batch + off
-            if red_flat is not None:
+            if red_flat != None:  # noqa: E711
                 nisa.dma_copy(dst=_rect(red_flat, out_off, parts, width), src=acc)
-            if prev_flat is not None:
+            if prev_flat != None:  # noqa: E711
                 prev = tiles["red_prev"][0:parts, 0:width]
                 nisa.dma_copy(dst=prev, src=_rect(prev_flat, out_off, parts, width))
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=prev, op=nl.subtract)

@@ -88,7 +88,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 def _check_cap(name: str, cap: int | None) -> None:
-    if cap is None:
+    if cap == None:  # noqa: E711
         return
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"{name}: expected None or a positive int, got {cap!r}")
@@ -314,7 +314,7 @@ def make_backward_config(
         raise ValueError(f"gather_method: expected one of {list(GATHER_METHODS)}, got {gather_method!r}")
     _check_cap("max_gather_indices_per_indirect", max_gather_indices_per_indirect)
     _check_cap("max_scatter_indices_per_indirect", max_scatter_indices_per_indirect)
-    if num_scatter_buffers is not None and (
+    if num_scatter_buffers != None and (  # noqa: E711
             isinstance(num_scatter_buffers, bool) or not isinstance(num_scatter_buffers, int)
             or not 1 <= num_scatter_buffers <= MAX_SCATTER_BUFFER_SETS):
         raise ValueError(f"num_scatter_buffers: expected None or an int in [1, {MAX_SCATTER_BUFFER_SETS}], "
@@ -344,30 +344,30 @@ def make_backward_config(
     method = "copy" if itemsize == 4 else gather_method
     cap = max_gather_indices_per_indirect
     gather_partitions, gather_columns, gather_pairs = PARTITIONS, 1, False
-    if cap is not None and cap < PARTITIONS:
+    if cap != None and cap < PARTITIONS:  # noqa: E711
         if method == "transpose":
             raise ValueError(f"max_gather_indices_per_indirect: the transpose gather needs at least {PARTITIONS} "
                              f"indices per DMA, got {cap}; use gather_method='copy' for smaller caps")
         gather_partitions = _pow2_floor(cap)
     elif method == "transpose":  # None = no cap: as many columns as the packet limit allows
         limit = min(cols, TRANSPOSE_PACKET_COLUMNS // (PARTITIONS // min(c_h, PARTITIONS)))
-        if cap is not None:
+        if cap != None:  # noqa: E711
             limit = min(limit, cap // PARTITIONS)
         gather_columns = _largest_divisor_at_most(cols, max(limit, 1))
     else:
-        gather_pairs = (cap is None or cap >= PAIR_MIN_INDICES) and pairs_possible
+        gather_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
     channel_chunks = tuple((c0, min(PARTITIONS, c_h - c0)) for c0 in range(0, c_h, PARTITIONS))
     psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (max(c for _, c in channel_chunks) * itemsize)))
 
     # scatter plan
     cap = max_scatter_indices_per_indirect
-    scatter_partitions = PARTITIONS if cap is None else _pow2_floor(min(cap, PARTITIONS))
-    scatter_pairs = (cap is None or cap >= PAIR_MIN_INDICES) and pairs_possible
+    scatter_partitions = PARTITIONS if cap == None else _pow2_floor(min(cap, PARTITIONS))  # noqa: E711
+    scatter_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
     k_base = -(-scatter_partitions // groups)
     while k_base * rows >= FP32_EXACT_INT_MAX and scatter_partitions > 1:
         scatter_partitions //= 2
         k_base = -(-scatter_partitions // groups)
-    sets = 1 if num_scatter_buffers is None else num_scatter_buffers
+    sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
 
     # SBUF: as many blocks per super-tile as fit
     budget = sbuf_budget - SBUF_FIT_RESERVE

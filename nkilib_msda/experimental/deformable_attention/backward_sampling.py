@@ -38,7 +38,7 @@ def _mod_floor(dst_quot, dst_rem, j, divisor: int, tmp, tmp_int, tmp_round, tmp_
     nisa.tensor_scalar(dst=tmp, data=j, op0=nl.add, operand0=0.5, op1=nl.multiply,
                        operand1=1.0 / divisor)
     floor_into(dst_quot, tmp, tmp_int, tmp_round, tmp_gt)
-    if dst_rem is not None:
+    if dst_rem != None:  # noqa: E711
         nisa.scalar_tensor_tensor(dst=dst_rem, data=dst_quot, op0=nl.multiply, operand0=float(-divisor),
                                   op1=nl.add, operand1=j)
 

@@ -20,6 +20,8 @@ Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32,
 ``iota_k_scale``: (128, 1) int32, the row offset k(j)*R of the buffer partition j writes.
 ``reduced_grad_value`` / ``prev_reduced_grad_value``: float32 with value's shape (the raw sum
 of the buffers, before subtracting ``prev_reduced_grad_value``).
+
+Code on the kernel path compares with ``== None`` / ``!= None``: NKI 0.3-0.6 rejects ``is``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _program() -> tuple[int, int]:
 
 
 def _check_tensor(name: str, t, shape, dtype: str) -> None:
-    if t is None:
+    if t == None:  # noqa: E711
         return
     got = (tuple(t.shape), dtype_name(t.dtype))
     if got != (tuple(shape), dtype):
@@ -52,15 +54,15 @@ def _check_tensor(name: str, t, shape, dtype: str) -> None:
 def _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value) -> None:
     _check_tensor("iota_k_scale_in", iota_k_scale_in, cfg.iota_k_scale_shape, "int32")
-    needs_value = {"grad_value_buffers_in": grad_value_buffers_in is not None,
-                   "prev_reduced_grad_value": prev_reduced_grad_value is not None,
+    needs_value = {"grad_value_buffers_in": grad_value_buffers_in != None,  # noqa: E711
+                   "prev_reduced_grad_value": prev_reduced_grad_value != None,
                    "dump_grad_value_buffers": bool(dump_grad_value_buffers),
                    "dump_reduced_grad_value": bool(dump_reduced_grad_value)}
     for name, used in needs_value.items():
         if used and not cfg.compute_grad_value:
             raise ValueError(f"{name}: needs compute_grad_value=True (the buffers only exist for grad_value)")
     _check_tensor("grad_value_buffers_in", grad_value_buffers_in, cfg.buffer_shape, "float32")
-    if grad_value_buffers_in is not None and num_scatter_buffers not in (None, 1):
+    if grad_value_buffers_in != None and num_scatter_buffers not in (None, 1):  # noqa: E711
         raise ValueError(f"num_scatter_buffers: expected None or 1 with grad_value_buffers_in, "
                          f"got {num_scatter_buffers!r}")
     _check_tensor("prev_reduced_grad_value", prev_reduced_grad_value, value.shape, "float32")
@@ -153,7 +155,7 @@ class _BackwardKernel:
         self._alloc()
         t = self.t
         smp.build_partition_constants(cfg, t)
-        if iota_in is not None:
+        if iota_in != None:  # noqa: E711
             nisa.dma_copy(dst=t["kscale"], src=iota_in)
             nisa.tensor_copy(dst=t["kscale_f"], src=t["kscale"])
         else:
@@ -165,7 +167,7 @@ class _BackwardKernel:
         buffer_sets = []
         if cfg.compute_grad_value:
             rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
-            if buffers_in is not None:
+            if buffers_in != None:  # noqa: E711
                 buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
             else:
                 buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32, buffer=nl.shared_hbm,
@@ -177,7 +179,7 @@ class _BackwardKernel:
             for q0, blocks, parts in cfg.super_tiles(self.core):
                 self._super_tile(b, q0, blocks, parts)
 
-        results = [x for x in (self.grad_value, self.gsl_out, self.gaw_out) if x is not None]
+        results = [x for x in (self.grad_value, self.gsl_out, self.gaw_out) if x != None]  # noqa: E711
         reduced_out = None
         if dump_reduced:
             reduced_out = nl.ndarray(p.value_shape, dtype=nl.float32, buffer=nl.shared_hbm,
@@ -191,7 +193,7 @@ class _BackwardKernel:
             nisa.dma_copy(dst=iota_out, src=t["kscale"])
             results.append(iota_out)
         if dump_buffers:
-            results.append(buffers_in if buffers_in is not None else buffer_sets[0].reshape(cfg.buffer_shape))
+            results.append(buffers_in if buffers_in != None else buffer_sets[0].reshape(cfg.buffer_shape))  # noqa: E711
         if dump_reduced:
             results.append(reduced_out)
         return tuple(results)

@@ -163,10 +163,11 @@ def write_masked(dst: NkiTensor, values: np.ndarray, mask: np.ndarray, instructi
     mask = np.asarray(mask, dtype=bool).reshape(dst.shape)
     if not mask.any():
         return
-    access.write_raw(dst.storage, dst.addresses()[mask], cast_values(values[mask], dst.dtype),
-                     dst.dtype)
-    if dst.buffer == "psum":
-        clear_matmul_flags(dst)
+    access.store_masked(dst, cast_values(values[mask], dst.dtype), mask, instruction)
+    if dst.buffer == "psum":  # only the written elements stop being matmul results
+        flags = dst.storage.aux.get(MATMUL_FLAGS)
+        if flags is not None:
+            _flag_view(dst, flags)[0][mask] = 0
 
 
 # -- PSUM matmul accumulation flags (per byte of the storage; set by nc_matmul) -------------

@@ -3,8 +3,10 @@
 Affine values (``iota``, ``affine_select``) are
 ``offset + channel * channel_multiplier + sum_k step_k * i_k`` in 32-bit integer arithmetic
 (wrapping on overflow, like the hardware's int32 ALU), where ``channel`` counts the
-partitions of ``dst`` from 0 and ``pattern = [[step, num], ...]`` (outermost first, at most 4
-pairs) enumerates the elements of each partition in row-major order.
+partitions of ``dst`` from 0 and ``pattern = [[step, num], ...]`` (outermost first, at most
+4 pairs) enumerates the elements of each partition in row-major order. A non-zero
+``channel_multiplier`` needs ``dst`` to start at partition 0, where "from 0" is unambiguous
+(else NkiError "ambiguous partition index").
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ def _int_arg(instr: str, name: str, value: Any) -> int:
         raise nki_error(instr, f"{name} type", f"{name} must be an int, got {type(value).__name__} "
                                                 f"{value!r}")
     return int(value)
+
+
+def _check_channel_origin(instr: str, dst: Any, channel_multiplier: Any) -> None:
+    """The docs do not say whether ``p`` counts from partition 0 of SBUF or from the first
+    partition of ``dst``; both agree when ``dst`` starts at partition 0, so a non-zero
+    ``channel_multiplier`` on a view starting elsewhere is rejected (conservative)."""
+    start, _, _ = ops.partitions(dst)
+    if start != 0 and channel_multiplier != 0:
+        raise nki_error(instr, "ambiguous partition index",
+                        f"channel_multiplier={channel_multiplier} on a dst starting at partition "
+                        f"{start}: whether p counts from the tile or from SBUF partition 0 is "
+                        "undocumented; start the dst at partition 0 or fold the start into offset")
 
 
 def _affine_values(instr: str, pattern: Any, offset: Any, channel_multiplier: Any,
@@ -72,6 +86,7 @@ def iota(dst: Any, pattern: Any, offset: Any = 0, channel_multiplier: Any = 0,
     access.check_compute_partitions(instr, dst)
     _, p, epp = ops.partitions(dst)
     values = _affine_values(instr, pattern, offset, channel_multiplier, p, epp)
+    _check_channel_origin(instr, dst, channel_multiplier)
     ops.write_result(dst, values, instr)
     ops.record("gpsimd", "iota", dst.size)
 
@@ -95,6 +110,7 @@ def affine_select(dst: Any, pattern: Any, channel_multiplier: Any, on_true_tile:
     access.check_compute_partitions(instr, dst, on_true_tile)
     _, p, epp = ops.partitions(dst)
     affine = _affine_values(instr, pattern, offset, channel_multiplier, p, epp)
+    _check_channel_origin(instr, dst, channel_multiplier)
     keep = cmp_op.apply(affine.astype(np.float64), 0.0) != 0
     if on_true_tile.dtype == dst.dtype:
         true_values = ops.as_pf(access.read(on_true_tile, instr), p)

@@ -161,8 +161,10 @@ def nc_matmul(dst: Any, stationary: Any, moving: Any, is_stationary_onezero: boo
                         "accumulation group with accumulate=False)")
     add_to = flags if accumulate is not False else np.zeros_like(flags)
     if add_to.any() and not is_transpose:
-        addr = dst.addresses().reshape(m, n)[add_to]
-        old = access.read_raw(dst.storage, addr, dst.dtype, instr, dst.name).astype(np.float32)
+        # Flagged elements were written by a matmul, so they are initialised.
+        itemsize = dst.dtype.itemsize
+        current_values = dst.np_view(dst.storage.data, dst.dtype.np, itemsize).reshape(m, n)
+        old = current_values[add_to].astype(np.float32)
         result = result.copy()
         with np.errstate(all="ignore"):
             result[add_to] = result[add_to] + old

@@ -1,0 +1,86 @@
+"""Launch planning and dispatch rules of the Triton backend (pure Python, no kernels run)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nkilib_msda.backends import triton_backend as tb  # noqa: E402
+from nkilib_msda.validation import MSDAProblem  # noqa: E402
+
+DDETR = ((100, 167), (50, 84), (25, 42), (13, 21))
+
+
+def problem(batch=2, queries=22223, heads=8, channels=32, levels=DDETR, points=4,
+            padding_mode="zeros") -> MSDAProblem:
+    starts, acc = [], 0
+    for h, w in levels:
+        starts.append(acc)
+        acc += h * w
+    return MSDAProblem(batch=batch, num_queries=queries, num_heads=heads, head_dim=channels,
+                       num_levels=len(levels), num_points=points, spatial_shapes=tuple(levels),
+                       level_start_index=tuple(starts), value_layout="BLNC",
+                       sampling_locations_layout="BQHLP2", align_corners=False,
+                       padding_mode=padding_mode)
+
+
+def test_encoder_plan_uses_16_byte_vectors_per_thread():
+    bf16 = tb.plan_launch(problem(), "bfloat16")
+    fp32 = tb.plan_launch(problem(), "float32")
+    assert bf16.forward_kernel == fp32.forward_kernel == "points"
+    # one 16-byte vector per thread per corner: block_q * C_h / threads elements of 2 or 4 bytes
+    assert bf16.forward.block_q * 32 // (32 * bf16.forward.num_warps) * 2 == 16
+    assert fp32.forward.block_q * 32 // (32 * fp32.forward.num_warps) * 4 == 16
+    assert bf16.head_slowest and bf16.grad_value_accumulator == "float32"
+    assert not bf16.index64
+
+
+def test_decoder_plan_uses_all_samples_kernel():
+    plan = tb.plan_launch(problem(queries=300), "bfloat16")
+    assert plan.forward_kernel == "samples"
+    assert plan.forward.block_q * 16 * 32 <= 2048
+
+
+def test_int64_needed_only_beyond_int32():
+    assert not tb.needs_int64(problem())
+    big = problem(batch=5, queries=64, heads=4, channels=128, levels=((1024, 1024),))
+    assert tb.needs_int64(big)  # 5 * 2**20 * 4 * 128 elements > 2**31
+    assert tb.plan_launch(big, "bfloat16").index64
+
+
+def test_non_power_of_two_channels_round_up():
+    assert tb.plan_launch(problem(channels=24), "float32").block_c == 32
+    assert tb.plan_launch(problem(channels=1), "float32").block_c == 1
+
+
+def test_reflection_padding_is_unsupported():
+    value = torch.zeros(1, 1, 1, 1)
+    reason = tb.unsupported_reason(problem(padding_mode="reflection"), value, value)
+    assert reason is not None and "reflection" in reason
+
+
+def test_float64_value_is_unsupported(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    value = torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    reason = tb.unsupported_reason(problem(), value, value.float())
+    assert reason is not None and "float64" in reason
+
+
+def test_cpu_tensors_need_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = torch.zeros(1, 1, 1, 1)
+    if not torch.cuda.is_available():
+        assert tb.unsupported_reason(problem(), value, value) is not None
+
+
+@pytest.mark.parametrize("env,expected", [("1", True), ("true", True), ("0", False), ("off", False)])
+def test_deterministic_env_variable(monkeypatch, env, expected):
+    monkeypatch.setenv(tb.DETERMINISTIC_ENV, env)
+    assert tb._resolve_deterministic(None) is expected
+    assert tb._resolve_deterministic(not expected) is (not expected)  # the argument wins
+
+
+def test_deterministic_defaults_to_torch_setting(monkeypatch):
+    monkeypatch.delenv(tb.DETERMINISTIC_ENV, raising=False)
+    assert tb._resolve_deterministic(None) is torch.are_deterministic_algorithms_enabled()
