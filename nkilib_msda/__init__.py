@@ -7,9 +7,7 @@ works without torch installed.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from nkilib_msda._lazy import lazy_exports
 from nkilib_msda._version import __version__
 
 _LAZY = {
@@ -22,15 +20,4 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nkilib_msda' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

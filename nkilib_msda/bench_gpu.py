@@ -345,9 +345,6 @@ def _sweep_variants(dtype_name: str):
     for bq, warps in SAMPLES_SWEEP:
         yield (f"fwd samples head-slowest block_q={bq:3d} warps={warps}",
                dict(forward=tb.KernelConfig(bq, warps), forward_kernel="samples"), None)
-    for mask in (1, 3, 15):
-        yield (f"fwd points l1-bypass levels mask={mask}",
-               dict(forward_kernel="points", l1_bypass_levels=mask), None)
     yield "bwd default grad_value only", {}, (True, False, False)
     yield "bwd default loc+attn only", {}, (False, True, True)
     if dtype_name != "float32":

@@ -55,7 +55,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from nkilib_msda.bench import main as bench_main
+    from nkilib_msda.bench_gpu import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -88,14 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0)
     check.set_defaults(func=cmd_check)
 
-    bench = sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op)",
-                           add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark (see --help)")
-    bench.set_defaults(func=cmd_bench)
+    # `bench` is dispatched in main() before parsing; listed here for --help.
+    sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op); "
+                                 "`nkilib-msda bench --help` for its options")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
+        return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -130,11 +130,12 @@ def test_dumps_order_shapes_and_iota_roundtrip(lnc):
 
 
 # ------------------------------------------------------------------ chunked accumulation
-@pytest.mark.parametrize("lnc,batch,layout", [(1, 1, "BLNC"), (2, 2, "BNLC"), (1, 2, "BNLC")])
-def test_reuse_chain_returns_each_chunks_own_contribution(lnc, batch, layout):
+@pytest.mark.parametrize("lnc,batch,layout,split", [(1, 1, "BLNC", 13), (2, 2, "BNLC", 13), (1, 2, "BNLC", 13),
+                                                   (1, 1, "BLNC", 2)])
+def test_reuse_chain_returns_each_chunks_own_contribution(lnc, batch, layout, split):
+    """split=2: the first chunk alone would pick K=1 and the second K=8; the given buffers fix K."""
     c = with_(BASE, num_queries=30, batch=batch, value_layout=layout)
     grad, args = backward_inputs(c)
-    split = 13
     chunks = []
     for sl in (slice(0, split), slice(split, None)):
         cargs = dict(args)

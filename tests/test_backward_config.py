@@ -89,7 +89,7 @@ def test_index_limits():
         make_backward_config(big, "bfloat16")
     # 3.2 M rows with G = 1: K = 128 would overflow 2^24, the scatter partitions shrink to 4
     p = problem(n_h=1, shapes=((1600, 2000),), n_p=4)
-    cfg = make_backward_config(p, "bfloat16")
+    cfg = make_backward_config(p, "bfloat16", max_scatter_indices_per_indirect=128)
     assert cfg.max_scatter_index < FP32_EXACT_INT_MAX
     assert (cfg.scatter_partitions, cfg.num_buffers) == (4, 4)
 
@@ -150,8 +150,25 @@ def test_reduce_bands_partition_each_batch():
 
 def test_buffer_sets_and_scratch_bytes():
     p = problem(batch=2)
-    cfg = make_backward_config(p, "bfloat16", num_scatter_buffers=3, lnc=2)
+    cfg = make_backward_config(p, "bfloat16", num_scatter_buffers=3, lnc=2, max_scatter_indices_per_indirect=128)
     assert cfg.buffer_shape == (2, 8, p.total_pixels * 8, 32)
     assert cfg.scratch_hbm_bytes == 3 * 2 * 8 * p.total_pixels * 8 * 32 * 4
     assert make_backward_config(p, "bfloat16", compute_grad_value=False).scratch_hbm_bytes == 0
     assert np.all(np.diff([buffer_index(cfg, j) for j in range(0, 128, 32)]) == cfg.rows_per_batch)
+
+
+def test_default_k_keeps_buffer_traffic_below_scatter_traffic():
+    decoder = problem(n_q=900, n_p=4, shapes=((200, 200),))  # G = 8: K would be 16
+    cfg = make_backward_config(decoder, "bfloat16", lnc=2)
+    assert (cfg.scatter_partitions, cfg.num_buffers) == (8, 1)
+    assert make_backward_config(decoder, "bfloat16", max_scatter_indices_per_indirect=128).num_buffers == 16
+    tsa = problem(n_q=40000, n_p=4, shapes=((200, 200),))
+    assert make_backward_config(tsa, "bfloat16", lnc=2).num_buffers == 8
+    for cfg in (make_backward_config(tsa, "bfloat16", lnc=2), make_backward_config(problem(), "bfloat16", lnc=2)):
+        p = cfg.problem
+        buffer_bytes = 2 * cfg.scratch_hbm_bytes
+        rmw_bytes = 2 * 4 * 4 * p.head_dim * p.num_samples
+        assert buffer_bytes <= rmw_bytes
+    assert make_backward_config(problem(), "bfloat16", lnc=2).num_buffers == 4  # upstream's K kept
+    # a given buffer set fixes K (chunked calls with different N_q stay compatible)
+    assert make_backward_config(decoder, "bfloat16", lnc=2, buffers_per_core=4).num_buffers == 4

@@ -95,7 +95,6 @@ class LaunchPlan:
     grad_value_accumulator: str  # "float32" scratch, or "native" (atomics in the value dtype)
     forward_kernel: str = "points"  # "points": loop over (l, p); "samples": all samples at once
     head_slowest: bool = True  # program order: all resident programs share one (head, batch)
-    l1_bypass_levels: int = 0  # points forward: bit l = load level l with ".cg" (L2 only)
     rows_block: int = 32  # deterministic reduce: value rows per program
     rows_warps: int = 4
 
@@ -228,8 +227,6 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
     if plan.forward_kernel == "samples":
         kernel = msda_forward_samples_kernel
         extra["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
-    else:
-        extra["BYPASS_L1_LEVELS"] = plan.l1_bypass_levels
     kernel[grid](
         value, sampling_locations, attention_weights, out, shapes, starts,
         problem.num_queries, problem.total_pixels, n_blocks, problem.batch,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from nkilib_msda._lazy import lazy_exports
 _LAZY = {
     "ms_deformable_attention_ref": "nkilib_msda.reference.msda",
     "ms_deformable_attention_bwd_ref": "nkilib_msda.reference.msda",
@@ -14,11 +12,4 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nkilib_msda.reference' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -13,22 +13,6 @@ from nkilib_msda.backends.triton_kernels.sampling import axis_setup, program_coo
 
 
 @triton.jit
-def _gather_rows(ptrs, c_mask, EVEN_C: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Load a (BLOCK_Q, BLOCK_C) tile of value rows; BYPASS_L1 caches it in L2 only (".cg")."""
-    if BYPASS_L1:
-        if EVEN_C:
-            vals = tl.load(ptrs, cache_modifier=".cg")
-        else:
-            vals = tl.load(ptrs, mask=c_mask[None, :], other=0.0, cache_modifier=".cg")
-    else:
-        if EVEN_C:
-            vals = tl.load(ptrs)
-        else:
-            vals = tl.load(ptrs, mask=c_mask[None, :], other=0.0)
-    return vals
-
-
-@triton.jit
 def msda_forward_kernel(
     value_ptr, loc_ptr, attn_ptr, out_ptr, shapes_ptr, starts_ptr,
     num_queries, total_pixels, num_query_blocks, batch_size,
@@ -36,12 +20,9 @@ def msda_forward_kernel(
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
-    BYPASS_L1_LEVELS: tl.constexpr = 0,
 ):
     """value (B,L,N_h,C_h)|(B,N_h,L,C_h); loc (B,N_q,N_h,N_l,N_p,2)|(B,2,N_q,N_h,N_l,N_p);
-    attn (B,N_q,N_h,N_l,N_p); out (B,N_q,N_h*C_h); shapes int32 (N_l,2); starts int32 (N_l,).
-    BYPASS_L1_LEVELS: bit l set = gather level l through L2 only (its head slice is too big for
-    L1, so its misses would only evict the small levels' rows)."""
+    attn (B,N_q,N_h,N_l,N_p); out (B,N_q,N_h*C_h); shapes int32 (N_l,2); starts int32 (N_l,)."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
     EVEN_C: tl.constexpr = BLOCK_C == HEAD_DIM
     pid = tl.program_id(0)
@@ -104,10 +85,16 @@ def msda_forward_kernel(
             p01 = value_base + (r01 * ROW_STRIDE)[:, None] + ch[None, :]
             p10 = value_base + (r10 * ROW_STRIDE)[:, None] + ch[None, :]
             p11 = value_base + (r11 * ROW_STRIDE)[:, None] + ch[None, :]
-            v00 = _gather_rows(p00, c_mask, EVEN_C, (BYPASS_L1_LEVELS >> level) & 1)
-            v01 = _gather_rows(p01, c_mask, EVEN_C, (BYPASS_L1_LEVELS >> level) & 1)
-            v10 = _gather_rows(p10, c_mask, EVEN_C, (BYPASS_L1_LEVELS >> level) & 1)
-            v11 = _gather_rows(p11, c_mask, EVEN_C, (BYPASS_L1_LEVELS >> level) & 1)
+            if EVEN_C:
+                v00 = tl.load(p00)
+                v01 = tl.load(p01)
+                v10 = tl.load(p10)
+                v11 = tl.load(p11)
+            else:
+                v00 = tl.load(p00, mask=c_mask[None, :], other=0.0)
+                v01 = tl.load(p01, mask=c_mask[None, :], other=0.0)
+                v10 = tl.load(p10, mask=c_mask[None, :], other=0.0)
+                v11 = tl.load(p11, mask=c_mask[None, :], other=0.0)
             acc += w00[:, None] * v00.to(tl.float32)
             acc += w01[:, None] * v01.to(tl.float32)
             acc += w10[:, None] * v10.to(tl.float32)

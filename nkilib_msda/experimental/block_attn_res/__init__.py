@@ -7,31 +7,22 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nkilib_msda._lazy import lazy_exports
+
+# Kernels, plans and validators need no torch: import them eagerly (this also binds the kernel
+# names over their same-named submodules). The torch-level functions stay lazy.
+from nkilib_msda.experimental.block_attn_res.block_attn_res_bwd import block_attn_res_bwd
+from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_attn_res_fwd
+from nkilib_msda.experimental.block_attn_res.tiling import plan_backward, plan_forward
+from nkilib_msda.experimental.block_attn_res.validation import (
+    validate_block_attn_res_args, validate_block_attn_res_backward_args)
 
 _LAZY = {
     "block_attn_res": "nkilib_msda.pytorch.block_attn_res",
     "block_attn_res_backward": "nkilib_msda.pytorch.block_attn_res",
-    "block_attn_res_fwd": "nkilib_msda.experimental.block_attn_res.block_attn_res_fwd",
-    "block_attn_res_bwd": "nkilib_msda.experimental.block_attn_res.block_attn_res_bwd",
-    "plan_forward": "nkilib_msda.experimental.block_attn_res.tiling",
-    "plan_backward": "nkilib_msda.experimental.block_attn_res.tiling",
-    "validate_block_attn_res_args": "nkilib_msda.experimental.block_attn_res.validation",
-    "validate_block_attn_res_backward_args": "nkilib_msda.experimental.block_attn_res.validation",
 }
 
-__all__ = list(_LAZY)
+__all__ = [*_LAZY, "block_attn_res_fwd", "block_attn_res_bwd", "plan_forward", "plan_backward",
+           "validate_block_attn_res_args", "validate_block_attn_res_backward_args"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

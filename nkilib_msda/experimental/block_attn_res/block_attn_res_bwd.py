@@ -21,8 +21,9 @@ LNC=2 (both programs run the same control flow; only addresses depend on ``nl.pr
 - Weight gradients: each program scales its own beta partial (s*gamma*beta_p, s*w*beta_p), writes
   it to shared HBM and meets the other at a core barrier; then program p adds partial 0 +
   partial 1 (fixed order, fp32) over its band [p*Db, p*Db + Db) of D, Db = ceil(D/2), and writes
-  that band. Odd D: program 1's band is one value shorter, so both stage their band in HBM and
-  write it with one contiguous DMA (program 1's is one value shorter; D = 1: it writes nothing).
+  that band. Ragged grey zone, odd D: program 1's band is one value shorter, so both programs
+  stage their band in HBM and write it with one contiguous DMA per output (program 1's DMA is
+  one value shorter; with D = 1 it has none).
 """
 
 from __future__ import annotations
@@ -269,15 +270,15 @@ def _write_weight_grads(t: _Tiles, plan: BackwardPlan, pid: int, outputs: tuple)
                               src=t.bands[0:rows, 0, j, first:first + cols])
         return
     # Odd D: program 1's band is one value shorter, which would change its column groups. Stage
-    # the band in partials[0] (only this program reads this band of it, and it already has) and
+    # the band in partials[0] (that band is read only by this program, which has loaded it) and
     # copy it to the outputs with one contiguous DMA each.
     for first, cols, rows in band_groups:
         nisa.dma_copy(dst=partials.ap([[1, rows], [padded, n_out], [BETA_CHUNK, cols]],
                                       offset=start + first * BETA_CHUNK),
                       src=t.bands[0:rows, 0, 0:n_out, first:first + cols])
     count = min(band, plan.dim - start)  # band, or band - 1 on program 1 (0 when D = 1)
-    for j, out in enumerate(outputs):
-        if count:
+    if count:
+        for j, out in enumerate(outputs):
             nisa.dma_copy(dst=out[start:start + count], src=partials[0, j, start:start + count])
 
 

@@ -1,22 +1,12 @@
-"""Multi-scale deformable attention NKI kernels (forward and backward)."""
+"""Multi-scale deformable attention NKI kernels (forward and backward).
 
-from __future__ import annotations
+The kernels are imported eagerly (they need only numpy and ml_dtypes through the emulator):
+binding the names here also guarantees that ``ms_deformable_attention`` is the kernel, not its
+same-named submodule, whatever was imported first.
+"""
 
-import importlib
-from typing import Any
+from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import ms_deformable_attention
+from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (
+    ms_deformable_attention_bwd)
 
-_LAZY = {
-    "ms_deformable_attention": "nkilib_msda.experimental.deformable_attention.ms_deformable_attention",
-    "ms_deformable_attention_bwd": "nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd",
-}
-
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd"]

@@ -23,9 +23,12 @@ scatter partitions per DMA shrink, and L*N_h >= 2^24 raises ValueError).
 Scatter uniqueness (K replicated fp32 buffers)
 ----------------------------------------------
 One ``dma_compute`` scatter-RMW covers a partition slice [j0, j0+P_s) (P_s a power of two
-dividing 128: ``max_scatter_indices_per_indirect`` <= 128 lowers it) of one block, one index
+dividing 128: ``max_scatter_indices_per_indirect`` <= 128 sets it) of one block, one index
 per partition. Partition j adds into buffer ``k(j) = floor((j - j0)/G)``, so
-``K = ceil(P_s/G)`` (N_h=8, N_l=4: K=4; N_h=4, N_l=4: K=8, as upstream). Proof that the
+``K = ceil(P_s/G)`` (P_s = 128: N_h=8, N_l=4 gives K=4; N_h=4, N_l=4 gives K=8, as upstream).
+With no cap, P_s is the largest power of two whose K keeps the buffers' zero + reduce bytes
+at most the scatter's RMW bytes (:func:`default_buffer_limit`; e.g. K = 1 for a 900-query
+decoder on a 200x200 map), or the K of a given ``grad_value_buffers_in``. Proof that the
 targets ``k*R + row`` (``0 <= row < R = L*N_h``) of one instruction are distinct: equal k
 means floor((j1-j0)/G) = floor((j2-j0)/G), so 0 < |j1 - j2| < G and the two partitions carry
 different (h, l) (blocks start at multiples of G). Different h: BLNC rows differ mod N_h,
@@ -306,8 +309,13 @@ def make_backward_config(
     compute_grad_sampling_locations: bool = True,
     compute_grad_attention_weights: bool = True,
     sbuf_budget: int = TRN2_USABLE_SBUF_BYTES,
+    buffers_per_core: int | None = None,
 ) -> BackwardConfig:
-    """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs."""
+    """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs.
+
+    ``buffers_per_core``: K of a given ``grad_value_buffers_in`` (with no scatter cap the
+    plan then reuses that K instead of choosing one from the problem size).
+    """
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc!r}")
     if gather_method not in GATHER_METHODS:
@@ -361,13 +369,19 @@ def make_backward_config(
 
     # scatter plan
     cap = max_scatter_indices_per_indirect
-    scatter_partitions = PARTITIONS if cap == None else _pow2_floor(min(cap, PARTITIONS))  # noqa: E711
+    sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
+    if cap == None:  # noqa: E711
+        k_limit = default_buffer_limit(problem, lnc, sets) if buffers_per_core == None else buffers_per_core  # noqa: E711
+        scatter_partitions = PARTITIONS
+        while scatter_partitions > 1 and -(-scatter_partitions // groups) > k_limit:
+            scatter_partitions //= 2
+    else:
+        scatter_partitions = _pow2_floor(min(cap, PARTITIONS))
     scatter_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
     k_base = -(-scatter_partitions // groups)
     while k_base * rows >= FP32_EXACT_INT_MAX and scatter_partitions > 1:
         scatter_partitions //= 2
         k_base = -(-scatter_partitions // groups)
-    sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
 
     # SBUF: as many blocks per super-tile as fit
     budget = sbuf_budget - SBUF_FIT_RESERVE
@@ -394,6 +408,18 @@ def make_backward_config(
         compute_grad_sampling_locations=compute_grad_sampling_locations,
         compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
         sbuf_tiles=tiles)
+
+
+def default_buffer_limit(problem: MSDAProblem, lnc: int, sets: int) -> int:
+    """Largest K whose zeroing + reduction bytes do not exceed the scatter's RMW bytes.
+
+    Buffers cost 2 * 4 B * lnc*sets*K * B*L*N_h*C_h (zero, then read once); the scatter moves
+    2 * 4 B * 4 corners * C_h per sample, B*N_q*N_h*N_l*N_p samples. Equal when
+    K = 4*N_q*N_l*N_p / (lnc*sets*L). Few queries on large maps (decoders) thus get K = 1
+    (fewer partitions per scatter instead of K full-size buffers).
+    """
+    k = (4 * problem.num_queries * problem.num_levels * problem.num_points) // (lnc * sets * problem.total_pixels)
+    return max(1, k)
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

@@ -10,8 +10,9 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
   ``dma_copy`` (any dtype; with no cap or a cap >= 256 one index fetches the (x0, x1) corner
   pair as two runs). fp32 values always take the copy path (dma_transpose is 2-byte only).
 - grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
-  per instruction (``max_scatter_indices_per_indirect`` <= 128 shrinks the partitions per
-  scatter and K; no cap or >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets
+  per instruction (``max_scatter_indices_per_indirect`` <= 128 sets the partitions per
+  scatter and so K; with no cap K is sized so that buffer traffic stays below the scatter's;
+  no cap or >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets
   (default 1) take successive scatter DMAs round robin,
   fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
 
@@ -96,10 +97,13 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                  padding_mode, grad_output=grad_output, padding_modes=("zeros", "border"))
     lnc, core = _program()
     vdt = dtype_name(value.dtype)
+    buffers_per_core = None
+    if grad_value_buffers_in != None and len(grad_value_buffers_in.shape) == 4:  # noqa: E711
+        buffers_per_core = max(1, grad_value_buffers_in.shape[1] // lnc)
     cfg = make_backward_config(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
-        bool(compute_grad_attention_weights), nl.tile_size.total_available_sbuf_size)
+        bool(compute_grad_attention_weights), nl.tile_size.total_available_sbuf_size, buffers_per_core)
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
     return _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights).run(

@@ -1,0 +1,42 @@
+"""Package surface: lazy torch imports and kernel names that are kernels in any import order."""
+
+import subprocess
+import sys
+
+import pytest
+
+SNIPPETS = {
+    "numpy parts never import torch": (
+        "import sys, nkilib_msda\n"
+        "from nkilib_msda.reference import ms_deformable_attention_ref\n"
+        "from nkilib_msda.experimental.deformable_attention import ms_deformable_attention\n"
+        "from nkilib_msda.experimental.block_attn_res import block_attn_res_fwd\n"
+        "from nkilib_msda.simulator import simulate\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"),
+    "kernel names bind the kernels after a submodule import": (
+        "import nkilib_msda.experimental.deformable_attention.ms_deformable_attention\n"
+        "import nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd\n"
+        "import nkilib_msda.experimental.block_attn_res.block_attn_res_fwd\n"
+        "from nkilib_msda.experimental.deformable_attention import ms_deformable_attention, ms_deformable_attention_bwd\n"
+        "from nkilib_msda.experimental.block_attn_res import block_attn_res_fwd\n"
+        "from types import ModuleType\n"
+        "for k in (ms_deformable_attention, ms_deformable_attention_bwd, block_attn_res_fwd):\n"
+        "    assert not isinstance(k, ModuleType) and callable(k), k\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_import_behaviour_in_a_fresh_interpreter(name):
+    proc = subprocess.run([sys.executable, "-c", SNIPPETS[name]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_public_torch_names_resolve():
+    pytest.importorskip("torch")
+    import nkilib_msda
+
+    for name in ("multi_scale_deformable_attention", "MSDeformAttn", "MSDeformAttnFunction",
+                 "MultiScaleDeformableAttention", "patch_transformers_model"):
+        assert callable(getattr(nkilib_msda, name))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        getattr(nkilib_msda, "no_such_name")
