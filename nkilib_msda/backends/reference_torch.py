@@ -161,13 +161,30 @@ class _Terms:
     d_dv: torch.Tensor
 
 
-def _terms(problem: MSDAProblem, u: torch.Tensor, v: torch.Tensor) -> _Terms:
+@dataclass(frozen=True)
+class _LevelTables:
+    """Per-level (N_l, 1) columns: heights and widths in the compute dtype, int64 starts."""
+
+    heights: torch.Tensor
+    widths: torch.Tensor
+    starts: torch.Tensor
+
+
+def _level_tables(problem: MSDAProblem, dtype: torch.dtype, device: torch.device) -> _LevelTables:
+    """Built once per call from one host-to-device copy (not three per query chunk)."""
+    p = problem
+    table = torch.tensor([[h for h, _ in p.spatial_shapes], [w for _, w in p.spatial_shapes],
+                          list(p.level_start_index)], dtype=torch.int64, device=device)
+    sizes = table[:2].to(dtype)  # exact: map sizes are far below 2**24
+    return _LevelTables(heights=sizes[0][:, None], widths=sizes[1][:, None],
+                        starts=table[2][:, None])
+
+
+def _terms(problem: MSDAProblem, levels: _LevelTables, u: torch.Tensor, v: torch.Tensor) -> _Terms:
     """Bilinear terms for normalized coordinates ``u``, ``v`` of shape (B, q, N_h, N_l, N_p)."""
     p = problem
     device, dtype = u.device, u.dtype
-    heights = torch.tensor([h for h, _ in p.spatial_shapes], dtype=dtype, device=device)[:, None]
-    widths = torch.tensor([w for _, w in p.spatial_shapes], dtype=dtype, device=device)[:, None]
-    starts = torch.tensor(p.level_start_index, dtype=torch.int64, device=device)[:, None]
+    heights, widths, starts = levels.heights, levels.widths, levels.starts
     ax = _axis(u, widths, p.align_corners, p.padding_mode)
     ay = _axis(v, heights, p.align_corners, p.padding_mode)
 
@@ -216,8 +233,9 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
     value_rows = _value_rows(value, p, dtype)
     out = torch.empty(p.batch, p.num_queries, p.num_heads, p.head_dim, dtype=dtype,
                       device=value.device)
+    levels = _level_tables(p, dtype, u.device)
     for qs in _query_chunks(p):
-        terms = _terms(p, u[:, qs], v[:, qs])
+        terms = _terms(p, levels, u[:, qs], v[:, qs])
         coef = terms.weights * attn[:, qs, ..., None]  # (B, q, H, Nl, P, 4)
         sampled = _gather(value_rows, terms.rows)  # (B, q, H, Nl, P, 4, C)
         out[:, qs] = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
@@ -244,8 +262,9 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     grad_u = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)
     grad_v = torch.zeros_like(grad_u)
     grad_attn = torch.zeros_like(grad_u)
+    levels = _level_tables(p, dtype, u.device)
     for qs in _query_chunks(p):
-        terms = _terms(p, u[:, qs], v[:, qs])
+        terms = _terms(p, levels, u[:, qs], v[:, qs])
         g = grad[:, qs]
         if want_value:
             coef = terms.weights * attn[:, qs, ..., None]

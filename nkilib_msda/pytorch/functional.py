@@ -10,7 +10,9 @@ from torch import Tensor
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops
 from nkilib_msda.pytorch.dispatch import NEURON_DEVICE_TYPES, select_backend
-from nkilib_msda.validation import MSDAProblem, validate_msda_args
+from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
+from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.validation import MSDAProblem
 
 __all__ = ["multi_scale_deformable_attention", "validate_torch_args"]
 
@@ -32,9 +34,9 @@ def validate_torch_args(value: Any, spatial_shapes: Any, level_start_index: Any,
                     ("attention_weights", attention_weights)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
-                                 attention_weights, value_layout, sampling_locations_layout,
-                                 align_corners, padding_mode)
+    problem = validated_problem(value, spatial_shapes, level_start_index, sampling_locations,
+                                attention_weights, value_layout, sampling_locations_layout,
+                                align_corners, padding_mode)
     for name, x in (("sampling_locations", sampling_locations),
                     ("attention_weights", attention_weights)):
         if x.device != value.device:
@@ -80,6 +82,8 @@ def multi_scale_deformable_attention(
         from nkilib_msda.pytorch import neuron  # torch-neuronx glue, imported only on Neuron
 
         return neuron.msda_on_neuron_device(value, problem, sampling_locations, attention_weights)
+    if can_skip_dispatcher(value, sampling_locations, attention_weights):
+        return msda_forward_eager(problem, name, value, sampling_locations, attention_weights)
     return torch.ops.nkilib_msda.ms_deformable_attention(
         value, ops.flatten_spatial_shapes(problem.spatial_shapes), list(problem.level_start_index),
         sampling_locations, attention_weights, problem.value_layout,

@@ -11,15 +11,37 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from nkilib_msda.pytorch.eager import can_skip_dispatcher
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
-from nkilib_msda.validation import normalize_spatial_shapes
+from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
 
 __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
 
 
 def _shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     """(H, W) pairs as Python ints: one host sync for a tensor, done at the model edge."""
-    return normalize_spatial_shapes(spatial_shapes)
+    return spatial_shapes_tuple(spatial_shapes)
+
+
+_NORMALIZERS: dict[tuple, Tensor] = {}
+_MAX_NORMALIZERS = 64
+
+
+def _offset_normalizer(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype,
+                       device: torch.device) -> Tensor:
+    """(N_l, 2) tensor of (W, H) per level. Cached in plain eager mode: building it from Python
+    ints every forward costs a host-to-device copy (a stream sync on CUDA)."""
+    if not can_skip_dispatcher():  # tracing or a mode: build it where it can be seen
+        return torch.tensor([[w, h] for h, w in shapes], dtype=dtype, device=device)
+    # Inference tensors cannot be saved for backward outside inference mode: keep them apart.
+    key = (shapes, dtype, device, torch.is_inference_mode_enabled())
+    normalizer = _NORMALIZERS.get(key)
+    if normalizer is None:
+        if len(_NORMALIZERS) >= _MAX_NORMALIZERS:
+            _NORMALIZERS.clear()
+        normalizer = torch.tensor([[w, h] for h, w in shapes], dtype=dtype, device=device)
+        _NORMALIZERS[key] = normalizer
+    return normalizer
 
 
 class MSDeformAttnFunction:
@@ -116,8 +138,7 @@ class MSDeformAttn(nn.Module):
             batch, num_queries, self.n_heads, self.n_levels, self.n_points)
         if reference_points.shape[-1] == 2:
             # offsets are in pixels of each level: divide by (W, H)
-            normalizer = torch.tensor([[w, h] for h, w in shapes], dtype=offsets.dtype,
-                                      device=offsets.device)
+            normalizer = _offset_normalizer(shapes, offsets.dtype, offsets.device)
             locations = (reference_points[:, :, None, :, None, :]
                          + offsets / normalizer[None, None, None, :, None, :])
         else:

@@ -5,6 +5,10 @@ Both are ``torch.library.custom_op``s with fake kernels, so they stay opaque sin
 op, whose ``compute`` mask comes from ``ctx.needs_input_grad``. Spatial shapes travel as a flat
 int list ``[H0, W0, H1, W1, ...]``; ``backend`` names the backend module that does the work
 (the caller resolves it, see :mod:`nkilib_msda.pytorch.dispatch`).
+
+The operator bodies are :func:`forward_with_backend` and :func:`backward_with_backend`; the
+eager path of the functional API (:mod:`nkilib_msda.pytorch.eager`) calls the same functions
+without the dispatcher round trip.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import torch
 from torch import Tensor
 
 from nkilib_msda.backends import get_backend
-from nkilib_msda.validation import MSDAProblem, validate_msda_args
+from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.validation import MSDAProblem
 
 __all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd", "flatten_spatial_shapes",
-           "problem_from_op_args"]
+           "problem_from_op_args", "forward_with_backend", "backward_with_backend"]
 
 
 def flatten_spatial_shapes(spatial_shapes: tuple[tuple[int, int], ...]) -> list[int]:
@@ -35,7 +40,7 @@ def problem_from_op_args(value: Tensor, spatial_shapes: list[int], level_start_i
                          sampling_locations_layout: str, align_corners: bool, padding_mode: str,
                          grad_output: Tensor | None = None) -> MSDAProblem:
     """Validate the operators' arguments (flat spatial shapes) into an :class:`MSDAProblem`."""
-    return validate_msda_args(
+    return validated_problem(
         value, _pairs(spatial_shapes), list(level_start_index), sampling_locations,
         attention_weights, value_layout, sampling_locations_layout, align_corners, padding_mode,
         grad_output=grad_output)
@@ -71,8 +76,24 @@ def ms_deformable_attention(
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode)
     module = _backend_module(backend, problem, value, sampling_locations)
+    return forward_with_backend(module, problem, value, sampling_locations, attention_weights)
+
+
+def forward_with_backend(module, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor,
+                         attention_weights: Tensor) -> Tensor:
+    """The forward operator's body once ``problem`` is validated and ``module`` can run it."""
     out = module.msda_forward(value, problem, sampling_locations, attention_weights)
-    return out.to(value.dtype).contiguous()
+    return _as_like(out, value.dtype, None)
+
+
+def _as_like(x: Tensor, dtype: torch.dtype, shape: torch.Size | None) -> Tensor:
+    """``x.to(dtype).reshape(shape).contiguous()``, skipping the calls that would be no-ops
+    (each costs microseconds of host time)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    if shape is not None and x.shape != shape:
+        x = x.reshape(shape)
+    return x.contiguous()
 
 
 def _output_dims(value: Tensor, sampling_locations: Tensor, value_layout: str,
@@ -119,6 +140,14 @@ def ms_deformable_attention_bwd(
     problem = problem_from_op_args(value, spatial_shapes, level_start_index, sampling_locations,
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode, grad_output=grad_output)
+    return backward_with_backend(backend, problem, grad_output, value, sampling_locations,
+                                 attention_weights, compute)
+
+
+def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tensor, value: Tensor,
+                          sampling_locations: Tensor, attention_weights: Tensor,
+                          compute: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward operator's body once ``problem`` (with ``grad_output``) is validated."""
     flags = tuple(bool(c) for c in compute)
     if any(flags):
         module = _backend_module(backend, problem, value, sampling_locations)
@@ -127,9 +156,10 @@ def ms_deformable_attention_bwd(
     else:
         grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                  torch.zeros_like(attention_weights))
-    inputs = (value, sampling_locations, attention_weights)
-    return tuple(g.to(x.dtype).reshape(x.shape).contiguous()  # type: ignore[return-value]
-                 for g, x in zip(grads, inputs))
+    grad_value, grad_loc, grad_attn = grads
+    return (_as_like(grad_value, value.dtype, value.shape),
+            _as_like(grad_loc, sampling_locations.dtype, sampling_locations.shape),
+            _as_like(grad_attn, attention_weights.dtype, attention_weights.shape))
 
 
 @ms_deformable_attention_bwd.register_fake

@@ -18,7 +18,8 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
 
 Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32, shape
 (B, lnc*K, L*N_h, C_h), rows in value's layout order (BLNC: pix*N_h + h; BNLC: h*L + pix).
-``iota_k_scale``: (128, 1) int32, the row offset k(j)*R of the buffer partition j writes.
+``iota_k_scale``: (128, 1) int32, the row offset k(j)*R of the buffer partition j writes
+(pass it back only to calls with the same shapes and scatter knobs; a given buffer set fixes K).
 ``reduced_grad_value`` / ``prev_reduced_grad_value``: float32 with value's shape (the raw sum
 of the buffers, before subtracting ``prev_reduced_grad_value``).
 

@@ -1,0 +1,140 @@
+"""Memoized :func:`~nkilib_msda.validation.validate_msda_args` for torch tensors.
+
+Validation only reads static facts: the spatial shapes and level starts (their values), the
+shape and dtype of each tensor, the layouts and the flags. :func:`validated_problem` keys a
+small dict on exactly those facts and runs the full validation on a miss, so a hit returns the
+very :class:`MSDAProblem` the full validation returned for the same facts, and anything invalid
+still raises the full validation's error (errors are never cached: a failing call stores
+nothing).
+
+A key is only built when every fact has an exact, hashable Python form: tensors, ``str``
+layouts and padding mode, a ``bool`` flag, and shapes/starts made of plain ``int``s (``True``
+and ``4.0`` compare equal to ``1`` and ``4``, so their types are checked, not just their
+values). Anything else (NumPy ints, symbolic sizes while tracing, ...) goes to the full
+validation every time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nkilib_msda.validation import MSDAProblem, normalize_spatial_shapes, validate_msda_args
+
+__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache",
+           "MAX_CACHED_PROBLEMS"]
+
+MAX_CACHED_PROBLEMS = 256
+_PROBLEMS: dict[tuple, MSDAProblem] = {}
+
+
+def clear_problem_cache() -> None:
+    """Forget every cached problem (tests; the cache also clears itself when full)."""
+    _PROBLEMS.clear()
+
+
+def _int_list(items: Any) -> tuple[int, ...] | None:
+    """``items`` as a tuple when it is a tuple/list of plain ints, else None."""
+    if type(items) is not tuple and type(items) is not list:
+        return None
+    for item in items:
+        if type(item) is not int:
+            return None
+    return tuple(items)
+
+
+def _python_form(x: Any) -> Any:
+    """A tensor's values as nested lists (one host copy); None when that is not possible."""
+    if isinstance(x, Tensor):
+        try:
+            return x.tolist()
+        except Exception:  # noqa: BLE001 - meta/fake tensors: the full validation reports it
+            return None
+    return x
+
+
+def _shapes_key(spatial_shapes: Any) -> tuple[tuple[int, ...], ...] | None:
+    """(H, W) pairs of plain ints (not yet checked for being positive or non-empty)."""
+    raw = _python_form(spatial_shapes)
+    if type(raw) is not tuple and type(raw) is not list:
+        return None
+    pairs = []
+    for pair in raw:
+        ints = _int_list(pair)
+        if ints is None or len(ints) != 2:
+            return None
+        pairs.append(ints)
+    return tuple(pairs)
+
+
+def spatial_shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
+    """:func:`normalize_spatial_shapes` with a short cut for well-formed input (one host copy
+    for a tensor); anything else gets the full checks and their errors."""
+    if torch.compiler.is_compiling():
+        return normalize_spatial_shapes(spatial_shapes)
+    pairs = _shapes_key(spatial_shapes)
+    if pairs and all(h > 0 and w > 0 for h, w in pairs):
+        return pairs  # type: ignore[return-value]
+    return normalize_spatial_shapes(spatial_shapes)
+
+
+def _starts_key(level_start_index: Any) -> tuple[int, ...] | str | None:
+    if level_start_index is None:
+        return "derived"
+    return _int_list(_python_form(level_start_index))
+
+
+def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
+                 sampling_locations: Any, attention_weights: Any, value_layout: Any,
+                 sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                 grad_output: Any) -> tuple | None:
+    for x in (value, sampling_locations, attention_weights):
+        if not isinstance(x, Tensor):
+            return None
+    if grad_output is None:
+        grad_key = None
+    elif isinstance(grad_output, Tensor):
+        grad_key = (grad_output.shape, grad_output.dtype)
+    else:
+        return None
+    if (type(value_layout) is not str or type(sampling_locations_layout) is not str
+            or type(padding_mode) is not str or type(align_corners) is not bool):
+        return None
+    shapes = _shapes_key(spatial_shapes)
+    if shapes is None:
+        return None
+    starts = _starts_key(level_start_index)
+    if starts is None:
+        return None
+    return (shapes, starts, value.shape, value.dtype, sampling_locations.shape,
+            sampling_locations.dtype, attention_weights.shape, attention_weights.dtype,
+            value_layout, sampling_locations_layout, align_corners, padding_mode, grad_key)
+
+
+def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
+                      sampling_locations: Any, attention_weights: Any, value_layout: str = "BLNC",
+                      sampling_locations_layout: str = "BQHLP2", align_corners: bool = False,
+                      padding_mode: str = "zeros", *, grad_output: Any = None) -> MSDAProblem:
+    """Same result and errors as :func:`validate_msda_args` (default ``padding_modes``)."""
+    key = None
+    if not torch.compiler.is_compiling():  # symbolic sizes while tracing: validate fully
+        key = _problem_key(value, spatial_shapes, level_start_index, sampling_locations,
+                           attention_weights, value_layout, sampling_locations_layout,
+                           align_corners, padding_mode, grad_output)
+    if key is not None:
+        try:
+            problem = _PROBLEMS.get(key)
+        except TypeError:  # an unhashable (symbolic) size
+            key, problem = None, None
+        if problem is not None:
+            return problem
+    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, value_layout, sampling_locations_layout,
+                                 align_corners, padding_mode, grad_output=grad_output)
+    if key is not None:
+        if len(_PROBLEMS) >= MAX_CACHED_PROBLEMS:
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
