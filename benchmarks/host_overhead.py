@@ -97,6 +97,21 @@ def _cases():
     hf_layer = nkilib_msda.MultiScaleDeformableAttention()
     hf_layer.nkilib_msda_backend = "reference"
 
+    class TrivialFunction(torch.autograd.Function):
+        """Saves the three inputs, allocates outputs: the autograd engine's own cost."""
+
+        @staticmethod
+        def forward(ctx, v, l, a):
+            ctx.save_for_backward(v, l, a)
+            return v.new_empty(BATCH, QUERIES, HEADS * CHANNELS)
+
+        @staticmethod
+        def backward(ctx, g):
+            return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+    def autograd_floor():
+        return torch.autograd.grad(TrivialFunction.apply(*leaves), leaves, grad)
+
     def module_forward():
         with torch.no_grad():
             return module(query, reference_points, flat_input, shapes_tensor, starts_tensor)
@@ -110,6 +125,7 @@ def _cases():
          lambda: msda(value, shapes_tensor, starts_tensor, loc, attn, backend="reference"), 1),
         ("functional forward, backend=None (auto)",
          lambda: msda(value, SHAPES, None, loc, attn), 1),
+        ("autograd floor: trivial Function forward + backward", autograd_floor, 2),
         ("functional forward + backward (3 grads)", forward_backward, 2),
         ("torch.ops.nkilib_msda.ms_deformable_attention",
          lambda: op(value, flat_shapes, flat_starts, loc, attn, "BLNC", "BQHLP2", False, "zeros",

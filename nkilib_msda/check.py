@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from nkilib_msda.inputs import PRESETS, MSDAInputs, make_inputs, make_problem
+from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESETS, make_grad_output, make_inputs
 from nkilib_msda.validation import dtype_name
 
 # Tolerances of the kernel issues: max|err| / max|ref| and relative L2.
@@ -47,25 +47,24 @@ def compare(name: str, out: np.ndarray, ref: np.ndarray, tolerance: float) -> Co
     return Comparison(name, max_rel, rel_l2, tolerance)
 
 
-def run_forward(inputs: MSDAInputs, lnc: int = 1, **kernel_kwargs):
-    """Simulate the forward kernel; return (output, report, seconds)."""
+def run_forward(args: dict, lnc: int = 1, **kernel_kwargs):
+    """Simulate the forward kernel on ``make_inputs`` arguments; return (output, report, seconds)."""
     from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
     from nkilib_msda.simulator import simulate
 
     start = time.perf_counter()
-    out, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(
-        *inputs.args(), **inputs.kwargs(), **kernel_kwargs)
+    out, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(**args, **kernel_kwargs)
     return out, report, time.perf_counter() - start
 
 
-def run_backward(inputs: MSDAInputs, lnc: int = 1, **kernel_kwargs):
+def run_backward(grad_output: np.ndarray, args: dict, lnc: int = 1, **kernel_kwargs):
     """Simulate the backward kernel; return ((grad_value, grad_loc, grad_attn), report, seconds)."""
     from nkilib_msda.experimental.deformable_attention import ms_deformable_attention_bwd
     from nkilib_msda.simulator import simulate
 
     start = time.perf_counter()
     *grads, report = simulate(ms_deformable_attention_bwd, lnc=lnc, report=True)(
-        inputs.grad_output, *inputs.args(), **inputs.kwargs(), **kernel_kwargs)
+        grad_output, **args, **kernel_kwargs)
     return tuple(grads), report, time.perf_counter() - start
 
 
@@ -77,31 +76,31 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
     """Run forward (and backward) kernels in the simulator on a preset; print errors and costs."""
     from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 
-    p = PRESETS[preset]
-    problem = make_problem(p.batch, p.num_queries, p.num_heads, p.head_dim, p.num_points, p.spatial_shapes,
-                           value_layout or p.value_layout,
-                           sampling_locations_layout or p.sampling_locations_layout,
-                           align_corners, padding_mode)
-    inputs = make_inputs(problem, dtype, param_dtype, seed=seed, with_grad_output=backward)
-    vdt = dtype_name(inputs.value.dtype)
-    echo(f"preset {preset}: {p.description}")
-    echo(f"B={problem.batch} N_q={problem.num_queries} N_h={problem.num_heads} C_h={problem.head_dim} "
-         f"N_l={problem.num_levels} N_p={problem.num_points} levels={list(problem.spatial_shapes)} "
-         f"L={problem.total_pixels}")
-    echo(f"value {vdt} {problem.value_layout}, locations/weights {param_dtype} "
-         f"{problem.sampling_locations_layout}, align_corners={align_corners}, padding={padding_mode}, "
+    case = replace(PRESETS[preset], value_dtype=dtype, param_dtype=param_dtype,
+                   value_layout=value_layout or PRESETS[preset].value_layout,
+                   locations_layout=sampling_locations_layout or PRESETS[preset].locations_layout,
+                   align_corners=align_corners, padding_mode=padding_mode)
+    args = make_inputs(case, seed=seed)
+    vdt = dtype_name(args["value"].dtype)
+    echo(f"preset {preset}: {PRESET_DESCRIPTIONS[preset]}")
+    echo(f"B={case.batch} N_q={case.num_queries} N_h={case.num_heads} C_h={case.head_dim} "
+         f"N_l={case.num_levels} N_p={case.num_points} levels={list(case.spatial_shapes)} "
+         f"L={case.total_pixels}")
+    echo(f"value {vdt} {case.value_layout}, locations/weights {param_dtype} "
+         f"{case.locations_layout}, align_corners={align_corners}, padding={padding_mode}, "
          f"lnc={lnc}" + (f", gather_method={gather_method}" if gather_method else ""))
     kernel_kwargs = {"gather_method": gather_method} if gather_method else {}
 
-    out, fwd_report, fwd_s = run_forward(inputs, lnc=lnc, **kernel_kwargs)
-    ref = ms_deformable_attention_ref(*inputs.args(), **inputs.kwargs())
+    out, fwd_report, fwd_s = run_forward(args, lnc=lnc, **kernel_kwargs)
+    ref = ms_deformable_attention_ref(**args)
     rows = [compare("forward output", out, ref, FORWARD_TOLERANCE[vdt])]
     timings = [f"forward simulated in {fwd_s:.1f} s"]
     reports = [("forward", fwd_report)]
 
     if backward:
-        grads, bwd_report, bwd_s = run_backward(inputs, lnc=lnc, **kernel_kwargs)
-        refs = ms_deformable_attention_bwd_ref(inputs.grad_output, *inputs.args(), **inputs.kwargs())
+        grad_output = make_grad_output(case, seed=seed)
+        grads, bwd_report, bwd_s = run_backward(grad_output, args, lnc=lnc, **kernel_kwargs)
+        refs = ms_deformable_attention_bwd_ref(grad_output, **args)
         tol = BACKWARD_TOLERANCE[vdt]
         for name, g, r in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"), grads, refs):
             rows.append(compare(name, g, r, tol))

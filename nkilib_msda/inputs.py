@@ -1,129 +1,147 @@
-"""Shape presets and random MSDA inputs (NumPy), shared by the CLI, benchmarks and tests.
+"""MSDA problem instances and random inputs (NumPy), shared by the CLI, tests and benchmarks.
 
 Inputs follow the upstream nkilib test convention (msda-design.md, part D): value ~ N(0, 1)
-rounded to the value dtype, locations ~ U[0, 1), weights ~ U[0.1, 1) normalised over
-(N_l, N_p); locations and weights in their own dtype (float16 upstream).
+rounded to the value dtype; locations ~ U[0, 1) and weights ~ U[0.1, 1) normalised over
+(N_l, N_p), both in ``param_dtype`` (float16 by default). References must run on these same
+(rounded) arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from nkilib_msda.validation import MSDAProblem
+__all__ = ["MSDACase", "make_inputs", "make_grad_output", "numpy_dtype", "S4", "DEFAULT_CASE",
+           "PRESETS", "PRESET_DESCRIPTIONS"]
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
 DDETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
 BEV_SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
 
-NUMPY_DTYPES = {
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype(np.float16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-}
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32,
+           "float64": np.float64}
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 
 
-def numpy_dtype(name: str) -> np.dtype:
-    """NumPy dtype for 'bf16'/'bfloat16'/'fp16'/'float16'/'fp32'/'float32'/..."""
-    key = DTYPE_ALIASES.get(name, name)
-    if key not in NUMPY_DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(NUMPY_DTYPES) + sorted(DTYPE_ALIASES)}, got {name!r}")
-    return NUMPY_DTYPES[key]
+def numpy_dtype(name: str) -> Any:
+    """'bfloat16' | 'float16' | 'float32' | 'float64' (or bf16/fp16/fp32/fp64) -> NumPy dtype."""
+    key = _ALIASES.get(name, name)
+    if key not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[key]
 
 
 @dataclass(frozen=True)
-class ShapePreset:
-    """A named MSDA problem size."""
+class MSDACase:
+    """One MSDA problem instance (shapes, layouts, dtypes)."""
 
-    name: str
-    batch: int
-    num_queries: int
-    num_heads: int
-    head_dim: int
-    num_points: int
-    spatial_shapes: tuple[tuple[int, int], ...]
-    description: str = ""
+    batch: int = 1
+    num_queries: int = 256
+    num_heads: int = 8
+    head_dim: int = 32
+    num_points: int = 8
+    spatial_shapes: tuple = S4
     value_layout: str = "BLNC"
-    sampling_locations_layout: str = "BQHLP2"
+    locations_layout: str = "BQHLP2"
+    align_corners: bool = False
+    padding_mode: str = "zeros"
+    value_dtype: str = "bfloat16"
+    param_dtype: str = "float16"
+    name: str = field(default="", compare=False)
 
     @property
     def num_levels(self) -> int:
         return len(self.spatial_shapes)
 
+    @property
+    def level_start_index(self) -> tuple:
+        starts, acc = [], 0
+        for h, w in self.spatial_shapes:
+            starts.append(acc)
+            acc += h * w
+        return tuple(starts)
 
-PRESETS: dict[str, ShapePreset] = {p.name: p for p in (
-    ShapePreset("tiny", 1, 130, 2, 8, 2, ((4, 5), (2, 3)), "tiny smoke test (ragged last query tile)"),
-    ShapePreset("default", 1, 512, 8, 32, 4, ((32, 48), (16, 24), (8, 12), (4, 6)),
-                "Deformable-DETR-like encoder, 4 levels of a 128x192 image (laptop-sized)"),
-    ShapePreset("upstream", 2, 256, 8, 32, 8, S4, "nkilib test default (S4 levels, 8 points)"),
-    ShapePreset("bevformer-fast", 2, 512, 8, 32, 8, S4, "nkilib BEVFormer fast case",
-                sampling_locations_layout="B2QHLP"),
-    ShapePreset("ddetr-decoder", 2, 300, 8, 32, 4, DDETR_LEVELS, "Deformable-DETR decoder (800x1333)"),
-    ShapePreset("ddetr-encoder", 2, 22223, 8, 32, 4, DDETR_LEVELS, "Deformable-DETR encoder (800x1333)"),
-    ShapePreset("bevformer-sca", 1, 18000, 8, 32, 8, BEV_SCA_LEVELS, "BEVFormer-base spatial cross-attention",
-                value_layout="BNLC", sampling_locations_layout="B2QHLP"),
-    ShapePreset("bevformer-tsa", 1, 40000, 8, 32, 4, ((200, 200),), "BEVFormer-base temporal self-attention",
-                sampling_locations_layout="B2QHLP"),
-    ShapePreset("bevformer-decoder", 1, 900, 8, 32, 4, ((200, 200),), "BEVFormer-base decoder",
-                sampling_locations_layout="B2QHLP"),
+    @property
+    def total_pixels(self) -> int:
+        return sum(h * w for h, w in self.spatial_shapes)
+
+    @property
+    def num_samples(self) -> int:
+        return self.batch * self.num_queries * self.num_heads * self.num_levels * self.num_points
+
+    def label(self) -> str:
+        return self.name or (
+            f"B{self.batch}q{self.num_queries}h{self.num_heads}c{self.head_dim}"
+            f"l{self.num_levels}p{self.num_points}-{self.value_layout}-{self.locations_layout}"
+            f"-{'ac' if self.align_corners else 'nac'}-{self.padding_mode}-{self.value_dtype}")
+
+
+DEFAULT_CASE = MSDACase()
+
+
+def make_inputs(case: MSDACase, seed: int = 0) -> dict[str, Any]:
+    """Kernel/reference arguments for ``case``: value, spatial_shapes, level_start_index,
+    sampling_locations, attention_weights and the layout / padding keywords."""
+    rng = np.random.default_rng(seed)
+    b, q, h, c = case.batch, case.num_queries, case.num_heads, case.head_dim
+    lvl, pts = case.num_levels, case.num_points
+    if case.value_layout == "BLNC":
+        vshape = (b, case.total_pixels, h, c)
+    else:
+        vshape = (b, h, case.total_pixels, c)
+    value = rng.standard_normal(vshape, dtype=np.float32).astype(numpy_dtype(case.value_dtype))
+    loc = rng.random((b, q, h, lvl, pts, 2), dtype=np.float32)
+    if case.locations_layout == "B2QHLP":
+        loc = np.ascontiguousarray(np.moveaxis(loc, -1, 1))
+    attn = rng.uniform(0.1, 1.0, (b, q, h, lvl, pts)).astype(np.float32)
+    attn /= attn.sum(axis=(3, 4), keepdims=True)
+    pdt = numpy_dtype(case.param_dtype)
+    return dict(value=value, spatial_shapes=tuple(case.spatial_shapes),
+                level_start_index=case.level_start_index,
+                sampling_locations=loc.astype(pdt), attention_weights=attn.astype(pdt),
+                value_layout=case.value_layout, sampling_locations_layout=case.locations_layout,
+                align_corners=case.align_corners, padding_mode=case.padding_mode)
+
+
+def make_grad_output(case: MSDACase, seed: int = 0) -> np.ndarray:
+    """grad_output ~ N(0, 1) of shape (B, N_q, N_h*C_h) in the value dtype."""
+    rng = np.random.default_rng(seed + 1000)
+    shape = (case.batch, case.num_queries, case.num_heads * case.head_dim)
+    return rng.standard_normal(shape, dtype=np.float32).astype(numpy_dtype(case.value_dtype))
+
+
+def _preset(name: str, **kw) -> MSDACase:
+    return MSDACase(name=name, **kw)
+
+
+PRESETS: dict[str, MSDACase] = {c.name: c for c in (
+    _preset("tiny", num_queries=130, num_heads=2, head_dim=8, num_points=2,
+            spatial_shapes=((4, 5), (2, 3))),
+    _preset("default", num_queries=512, num_points=4,
+            spatial_shapes=((32, 48), (16, 24), (8, 12), (4, 6))),
+    _preset("upstream", batch=2, num_queries=256),
+    _preset("bevformer-fast", batch=2, num_queries=512, locations_layout="B2QHLP"),
+    _preset("ddetr-decoder", batch=2, num_queries=300, num_points=4, spatial_shapes=DDETR_LEVELS),
+    _preset("ddetr-encoder", batch=2, num_queries=22223, num_points=4, spatial_shapes=DDETR_LEVELS),
+    _preset("bevformer-sca", num_queries=18000, spatial_shapes=BEV_SCA_LEVELS, value_layout="BNLC",
+            locations_layout="B2QHLP"),
+    _preset("bevformer-tsa", num_queries=40000, num_points=4, spatial_shapes=((200, 200),),
+            locations_layout="B2QHLP"),
+    _preset("bevformer-decoder", num_queries=900, num_points=4, spatial_shapes=((200, 200),),
+            locations_layout="B2QHLP"),
 )}
 
-
-@dataclass
-class MSDAInputs:
-    """Arrays for one MSDA call plus the static arguments, ready for ``kernel(*inputs.args())``."""
-
-    problem: MSDAProblem
-    value: np.ndarray
-    sampling_locations: np.ndarray
-    attention_weights: np.ndarray
-    grad_output: np.ndarray | None = field(default=None)
-
-    def args(self) -> tuple:
-        """Positional arguments of the forward kernel / reference."""
-        p = self.problem
-        return (self.value, p.spatial_shapes, p.level_start_index, self.sampling_locations,
-                self.attention_weights)
-
-    def kwargs(self) -> dict:
-        p = self.problem
-        return dict(value_layout=p.value_layout, sampling_locations_layout=p.sampling_locations_layout,
-                    align_corners=p.align_corners, padding_mode=p.padding_mode)
-
-
-def make_problem(batch: int, num_queries: int, num_heads: int, head_dim: int, num_points: int,
-                 spatial_shapes, value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
-                 align_corners: bool = False, padding_mode: str = "zeros") -> MSDAProblem:
-    """An :class:`MSDAProblem` from plain sizes (level starts derived)."""
-    shapes = tuple((int(h), int(w)) for h, w in spatial_shapes)
-    starts, acc = [], 0
-    for h, w in shapes:
-        starts.append(acc)
-        acc += h * w
-    return MSDAProblem(batch, num_queries, num_heads, head_dim, len(shapes), num_points, shapes,
-                       tuple(starts), value_layout, sampling_locations_layout, bool(align_corners),
-                       padding_mode)
-
-
-def make_inputs(problem: MSDAProblem, value_dtype="bfloat16", param_dtype="float16", seed: int = 0,
-                with_grad_output: bool = False, location_range: tuple[float, float] = (0.0, 1.0)
-                ) -> MSDAInputs:
-    """Random inputs for ``problem`` (value in ``value_dtype``; locations/weights in ``param_dtype``)."""
-    rng = np.random.default_rng(seed)
-    vdt, pdt = numpy_dtype(value_dtype), numpy_dtype(param_dtype)
-    value = rng.standard_normal(problem.value_shape, dtype=np.float32).astype(vdt)
-    qhlp = (problem.batch, problem.num_queries, problem.num_heads, problem.num_levels, problem.num_points)
-    lo, hi = location_range
-    loc = rng.uniform(lo, hi, size=(*qhlp, 2)).astype(np.float32)
-    if problem.sampling_locations_layout == "B2QHLP":
-        loc = np.ascontiguousarray(np.moveaxis(loc, -1, 1))
-    weights = rng.uniform(0.1, 1.0, size=qhlp).astype(np.float32)
-    weights /= weights.sum(axis=(3, 4), keepdims=True)
-    grad = None
-    if with_grad_output:
-        grad = rng.standard_normal(problem.output_shape, dtype=np.float32).astype(vdt)
-    return MSDAInputs(problem, value, loc.astype(pdt), weights.astype(pdt), grad)
+PRESET_DESCRIPTIONS = {
+    "tiny": "tiny smoke test (ragged last query tile)",
+    "default": "Deformable-DETR-like encoder, 4 levels of a 128x192 image (laptop-sized)",
+    "upstream": "nkilib test default (S4 levels, 8 points)",
+    "bevformer-fast": "nkilib BEVFormer fast case",
+    "ddetr-decoder": "Deformable-DETR decoder (800x1333 image)",
+    "ddetr-encoder": "Deformable-DETR encoder (800x1333 image; slow in the emulator)",
+    "bevformer-sca": "BEVFormer-base spatial cross-attention (slow in the emulator)",
+    "bevformer-tsa": "BEVFormer-base temporal self-attention (slow in the emulator)",
+    "bevformer-decoder": "BEVFormer-base decoder",
+}

@@ -1,6 +1,6 @@
 """Shared MSDA simulator-test cases and checks (forward and backward kernels).
 
-Inputs follow msda-design.md D (see ``nkilib_msda.experimental.deformable_attention.msda_inputs``):
+Inputs follow msda-design.md D (see ``nkilib_msda.inputs``):
 value ~ N(0,1) in the value dtype, locations ~ U[0,1), weights ~ U[0.1,1) normalised over
 (N_l, N_p), fp16 by default. References always run on the same rounded arrays.
 """
@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from nkilib_msda.experimental.deformable_attention.msda_inputs import (  # noqa: F401
+from nkilib_msda.inputs import (  # noqa: F401
     S4, MSDACase, make_inputs, numpy_dtype)
 
 __all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from msda_cases import BASIC_CASES, BEVFORMER_FAST, BEVFORMER_SLOW, MSDACase, make_inputs, numpy_dtype, with_
+from nkilib_msda.inputs import make_grad_output
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import ms_deformable_attention_bwd
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from nkilib_msda.simulator import simulate
@@ -33,10 +34,7 @@ def relative_error(got, ref) -> float:
 
 def backward_inputs(c: MSDACase, seed: int = 0) -> tuple[np.ndarray, dict]:
     """(grad_output, kernel/reference keyword arguments) on rounded arrays."""
-    args = make_inputs(c, seed=seed)
-    rng = np.random.default_rng(seed + 1000)
-    grad = rng.standard_normal((c.batch, c.num_queries, c.num_heads * c.head_dim), dtype=np.float32)
-    return grad.astype(numpy_dtype(c.value_dtype)), args
+    return make_grad_output(c, seed), make_inputs(c, seed=seed)
 
 
 def run_bwd(grad: np.ndarray, args: dict, lnc: int = 1, report: bool = False, **kw):

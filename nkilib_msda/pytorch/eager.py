@@ -12,9 +12,12 @@ The registered operators stay the only path whenever something could observe the
 (:func:`can_skip_dispatcher` is False): torch.compile / export tracing, ``torch.jit.trace``,
 any TorchDispatchMode (FakeTensorMode, make_fx, FlopCounterMode, ...), any TorchFunctionMode
 (``with torch.device(...)``), functorch transforms (vmap, grad), and tensor subclasses.
+While a profiler runs, the direct calls are wrapped in ranges named like the operators.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +47,20 @@ def can_skip_dispatcher(*tensors: Tensor) -> bool:
     return True
 
 
+def _profiler_range(name: str):
+    """A profiler range called ``name`` while a profiler runs (what the operator would show)."""
+    if _C._autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
+def _forward(backend: str, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor,
+             attention_weights: Tensor) -> Tensor:
+    with _profiler_range("nkilib_msda::ms_deformable_attention"):
+        return ops.forward_with_backend(get_backend(backend), problem, value, sampling_locations,
+                                        attention_weights)
+
+
 class MSDAEager(torch.autograd.Function):
     """Autograd of the eager path; mirrors ``ops._setup_context`` / ``ops._backward``."""
 
@@ -53,15 +70,15 @@ class MSDAEager(torch.autograd.Function):
         ctx.save_for_backward(value, sampling_locations, attention_weights)
         ctx.problem = problem
         ctx.backend = backend
-        return ops.forward_with_backend(get_backend(backend), problem, value, sampling_locations,
-                                        attention_weights)
+        return _forward(backend, problem, value, sampling_locations, attention_weights)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         value, sampling_locations, attention_weights = ctx.saved_tensors
         p: MSDAProblem = ctx.problem
         compute = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
-        if torch.is_grad_enabled() or not can_skip_dispatcher(grad_output, *ctx.saved_tensors):
+        direct = can_skip_dispatcher(grad_output, value, sampling_locations, attention_weights)
+        if torch.is_grad_enabled() or not direct:
             # create_graph=True or an active mode: exactly what the operator's autograd does.
             grads = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
                 grad_output, value, ops.flatten_spatial_shapes(p.spatial_shapes),
@@ -73,8 +90,9 @@ class MSDAEager(torch.autograd.Function):
                 value, p.spatial_shapes, p.level_start_index, sampling_locations,
                 attention_weights, p.value_layout, p.sampling_locations_layout, p.align_corners,
                 p.padding_mode, grad_output=grad_output)
-            grads = ops.backward_with_backend(ctx.backend, problem, grad_output, value,
-                                              sampling_locations, attention_weights, compute)
+            with _profiler_range("nkilib_msda::ms_deformable_attention_bwd"):
+                grads = ops.backward_with_backend(ctx.backend, problem, grad_output, value,
+                                                  sampling_locations, attention_weights, compute)
         grad_value, grad_loc, grad_attn = grads
         return (grad_value if compute[0] else None, grad_loc if compute[1] else None,
                 grad_attn if compute[2] else None, None, None)
@@ -87,5 +105,4 @@ def msda_forward_eager(problem: MSDAProblem, backend: str, value: Tensor,
     if torch.is_grad_enabled() and (value.requires_grad or sampling_locations.requires_grad
                                     or attention_weights.requires_grad):
         return MSDAEager.apply(value, sampling_locations, attention_weights, problem, backend)
-    return ops.forward_with_backend(get_backend(backend), problem, value, sampling_locations,
-                                    attention_weights)
+    return _forward(backend, problem, value, sampling_locations, attention_weights)

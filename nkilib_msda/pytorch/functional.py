@@ -1,4 +1,10 @@
-"""``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API."""
+"""``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API.
+
+Per call: validation (memoized on the call's static facts, :mod:`.problem_cache`), backend
+selection (:mod:`.dispatch`), then either the registered operator (tracing, modes, transforms,
+subclasses) or, in plain eager mode, the same operator body called directly (:mod:`.eager`),
+which saves ~100 µs of host time per call.
+"""
 
 from __future__ import annotations
 

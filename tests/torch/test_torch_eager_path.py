@@ -176,3 +176,12 @@ def test_msdeformattn_normalizer_cache_is_safe_across_inference_mode():
     out.sum().backward()
     assert module.sampling_offsets.weight.grad.abs().sum() > 0
     torch.testing.assert_close(out.detach(), expect, rtol=0, atol=0)
+
+
+def test_profiler_still_shows_the_operator_names():
+    inputs = make_inputs(seed=16).requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = MSDA(inputs.value, SHAPES, None, inputs.sampling_locations, inputs.attention_weights)
+        torch.autograd.grad(out, inputs.tensors(), inputs.grad_output)
+    names = {event.name for event in prof.events()}
+    assert {"nkilib_msda::ms_deformable_attention", "nkilib_msda::ms_deformable_attention_bwd"} <= names
