@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from nkilib_msda.inputs import (  # noqa: F401
-    S4, MSDACase, make_inputs, numpy_dtype)
+    PRESETS, S4, MSDACase, make_inputs, numpy_dtype)
 
 __all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",
            "BEVFORMER_SLOW", "tolerance", "assert_close", "case"]
@@ -42,16 +42,12 @@ BASIC_CASES = (
     case("14-q501-BNLC-B2QHLP", num_queries=501, value_layout="BNLC", locations_layout="B2QHLP"),
 )
 
-BEVFORMER_FAST = case("bevformer-fast", batch=2, num_queries=512, locations_layout="B2QHLP")
+BEVFORMER_FAST = PRESETS["bevformer-fast"]
 
-_BASE_SCA = ((113, 200), (57, 100), (29, 50), (15, 25))
 BEVFORMER_SLOW = (
-    case("bev-base-sca", num_queries=18000, spatial_shapes=_BASE_SCA, value_layout="BNLC",
-         locations_layout="B2QHLP"),
-    case("bev-base-tsa", num_queries=40000, num_points=4, spatial_shapes=((200, 200),),
-         locations_layout="B2QHLP"),
-    case("bev-base-decoder", num_queries=900, num_points=4, spatial_shapes=((200, 200),),
-         locations_layout="B2QHLP"),
+    PRESETS["bevformer-sca"],
+    PRESETS["bevformer-tsa"],
+    PRESETS["bevformer-decoder"],
     case("bev-small-sca", num_queries=13500, spatial_shapes=((113, 200),),
          locations_layout="B2QHLP"),
     case("bev-small-tsa", num_queries=22500, num_points=4, spatial_shapes=((150, 150),),
