@@ -254,3 +254,30 @@ def test_grad_value_error_stays_at_bf16_rounding():
     err = np.abs(gv.astype(np.float64) - ref)
     assert np.all(err <= np.abs(ref) * 2.0 ** -8 + 1e-5 * np.max(np.abs(ref)))
     assert GRAD_NAMES[0] == "grad_value"
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+def test_pair_partner_pixel_does_not_cancel_corner_terms(padding):
+    """x-pairs fetch (min(x0, W-2), +1): near the right edge the pair's left pixel is no corner.
+
+    A huge value there must not cancel the real corner's dot product (dc = D0 + sel*(D1 - D0)
+    lost it entirely), and a tiny x0 coefficient must not be cancelled by the x1 one in the
+    pair's scatter coefficients (S0 = (c0 + c1) - c1).
+    """
+    c = MSDACase(num_queries=4, num_heads=1, head_dim=8, num_points=1, spatial_shapes=((2, 4),),
+                 value_dtype="float32", param_dtype="float32", padding_mode=padding)
+    grad, args = backward_inputs(c)
+    loc = args["sampling_locations"]
+    loc[..., 0] = 0.93 if padding == "zeros" else 1.2   # x in (W-1, W), or clipped to W-1
+    loc[..., 1] = 0.3
+    loc[0, 0, ..., 0] = np.float32((1.99993 + 0.5) / 4)  # x0 = 1 with (1 - dx) ~ 7e-5
+    loc[0, 0, ..., 1] = np.float32(0.1234567)             # y ~ -0.25: only image row 0
+    args["attention_weights"][0, 0] = np.float32(0.7654321)  # a coefficient with many bits
+    args["value"][0, 6, 0, :] = 1e7                      # pixel (1, W-2): no query's corner
+    cfg = config_for(grad, args, gather_method="copy")
+    assert cfg.gather_pairs and cfg.scatter_pairs
+    outs = run_bwd(grad, args, lnc=1, gather_method="copy")
+    refs = ms_deformable_attention_bwd_ref(grad, **args)
+    check_gradients(outs, refs, c)
+    gv, ref_gv = outs[0][0, 1, 0], refs[0][0, 1, 0]   # pixel (0, 1): the tiny x0 corner
+    np.testing.assert_allclose(gv, ref_gv, rtol=1e-5, atol=0)

@@ -27,8 +27,6 @@ __all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward"
 LNC_ENV_VAR = "NKILIB_MSDA_SIM_LNC"
 SUPPORTED_VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PADDING_MODES = ("zeros", "border")
-# The kernels do index arithmetic in float32, exact below 2**24 (msda-design.md A5).
-FP32_EXACT_INT_MAX = 1 << 24
 # Device types whose tensors this backend (or the Neuron glue next to it) can take.
 _DEVICE_TYPES = ("cpu", "xla", "neuron", "privateuseone")
 
@@ -61,10 +59,16 @@ def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
     if value.dtype not in SUPPORTED_VALUE_DTYPES:
         return (f"value dtype {dtype_name(value.dtype)} is not supported by the NKI kernels "
                 f"(supported: {[dtype_name(d) for d in SUPPORTED_VALUE_DTYPES]})")
-    elements = problem.total_pixels * problem.num_heads * problem.head_dim
-    if elements >= FP32_EXACT_INT_MAX:
-        return (f"L*N_h*C_h = {elements} must be below 2**24 for the kernels' float32 index "
-                f"arithmetic")
+    # The kernels' own planners hold their limits (row-unit indices below 2^24, N_h*N_l <= 128
+    # for the backward, SBUF budget): ask them instead of restating the rules here.
+    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
+
+    try:
+        build_forward_config(problem, dtype_name(value.dtype))
+        make_backward_config(problem, dtype_name(value.dtype))
+    except ValueError as exc:
+        return f"the NKI kernels cannot plan this call: {exc}"
     return None
 
 

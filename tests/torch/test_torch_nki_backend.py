@@ -200,3 +200,23 @@ def test_compile_fullgraph_with_the_nki_backend_matches_eager():
     assert torch.equal(comp_out, eager_out)
     for got, want in zip(comp_grads, eager_grads):
         assert torch.equal(got, want)
+
+
+def test_nki_backend_accepts_exactly_what_the_kernel_planners_accept():
+    """Row-unit indices: L*N_h*C_h may pass 2^24; L*N_h >= 2^24 or N_h*N_l > 128 are refused."""
+    import torch
+
+    from nkilib_msda.backends import nki_backend
+    from nkilib_msda.validation import validate_msda_args
+
+    def reason(shapes, heads):
+        total = sum(h * w for h, w in shapes)
+        value = torch.empty((1, total, heads, 32), dtype=torch.bfloat16)
+        loc = torch.empty((1, 3, heads, len(shapes), 2, 2))
+        attn = torch.empty((1, 3, heads, len(shapes), 2))
+        problem = validate_msda_args(value, shapes, None, loc, attn)
+        return nki_backend.unsupported_reason(problem, value, loc)
+
+    assert 600 * 600 * 16 * 32 >= 2 ** 24 and reason(((600, 600),), 16) is None
+    assert "2^24" in reason(((4096, 4200),), 1)
+    assert "num_heads*num_levels" in reason(((2, 2),) * 40, 4)

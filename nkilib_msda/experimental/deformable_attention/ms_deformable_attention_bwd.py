@@ -294,15 +294,17 @@ class _BackwardKernel:
             nisa.tensor_tensor(dst=work, data1=t["gathered"][0:n, :, :], data2=g, op=nl.multiply)
             dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
             nisa.tensor_reduce(dst=dst, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
-        if cfg.gather_pairs:  # dc_ab = D_a0 + sel_b * (D_a1 - D_a0)
+        if cfg.gather_pairs:  # dc_ab = (1 - sel_b) * D_a0 + sel_b * D_a1
+            # Two exact products (sel is 0 or 1), not D_a0 + sel * (D_a1 - D_a0): the pair's
+            # other pixel need not be a corner, and a large value there would cancel D_a1.
             d = t["prod4"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            diff = t["xterm"][0:n, :, 0:f].permute((0, 2, 1))  # (n, f, a) scratch
-            nisa.tensor_tensor(dst=diff, data1=d[:, :, :, 1], data2=d[:, :, :, 0], op=nl.subtract)
             dc = t["dc"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            sel = t["pair_sel"][0:n, 0:f, :]
-            nisa.tensor_tensor(dst=dc, data1=diff.expand_dim(3).broadcast(3, 2),
-                               data2=sel.expand_dim(2).broadcast(2, 2), op=nl.multiply)
-            nisa.tensor_tensor(dst=dc, data1=dc, data2=d[:, :, :, 0:1].broadcast(3, 2), op=nl.add)
+            other = t["pair_tmp"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            sel = t["pair_sel"][0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
+            nisa.scalar_tensor_tensor(dst=dc, data=sel, op0=nl.subtract, operand0=1.0, reverse0=True,
+                                      op1=nl.multiply, operand1=d[:, :, :, 0:1].broadcast(3, 2))
+            nisa.tensor_tensor(dst=other, data1=sel, data2=d[:, :, :, 1:2].broadcast(3, 2), op=nl.multiply)
+            nisa.tensor_tensor(dst=dc, data1=dc, data2=other, op=nl.add)
 
     def _sample_gradients(self, b: int, row0: int, n: int, f: int, blocks: int) -> None:
         cfg, p, t = self.cfg, self.p, self.t
@@ -350,15 +352,17 @@ class _BackwardKernel:
         kscale = t["kscale_f"][0:n, 0:1]
         sidx = t["sidx"]
         if cfg.scatter_pairs:
-            # slot coefficients of the pair: S1 = sum_b sel_b*coef_ab, S0 = sum_b coef_ab - S1
+            # slot coefficients of the pair: S1 = sum_b sel_b*coef_ab, S0 = sum_b (1 - sel_b)*coef_ab
+            # (not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
             c4 = coef.reshape_dim(2, (2, 2))
             tmp = t["pair_tmp"][0:n, 0:f, :].reshape_dim(2, (2, 2))
             sel = t["pair_sel"][0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
             pc = t["pair_coef"][0:n, 0:f, :].reshape_dim(2, (2, 2))
             nisa.tensor_tensor(dst=tmp, data1=c4, data2=sel, op=nl.multiply)
             nisa.tensor_reduce(dst=pc[:, :, :, 1], op=nl.add, data=tmp, axis=3)
-            nisa.tensor_reduce(dst=pc[:, :, :, 0], op=nl.add, data=c4, axis=3)
-            nisa.tensor_tensor(dst=pc[:, :, :, 0], data1=pc[:, :, :, 0], data2=pc[:, :, :, 1], op=nl.subtract)
+            nisa.scalar_tensor_tensor(dst=tmp, data=sel, op0=nl.subtract, operand0=1.0, reverse0=True,
+                                      op1=nl.multiply, operand1=c4)
+            nisa.tensor_reduce(dst=pc[:, :, :, 0], op=nl.add, data=tmp, axis=3)
             coef = t["pair_coef"][0:n, 0:f, :]
             nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t["pair_rows"][0:n, 0:f, :], op0=nl.add,
                                operand0=kscale)

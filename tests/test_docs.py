@@ -1,0 +1,365 @@
+"""The docs are true of the code.
+
+(a) Every ```python block of README.md, examples/README.md and docs/simulator.md runs as
+    written. Blocks elide some inputs (``value, spatial_shapes, ...``, ``query, ...``); the
+    harness below supplies small random ones, chosen by what the block calls, and then checks
+    the block's results against the float64 reference. Only two textual substitutions are made,
+    both for literal ``...`` argument lists: ``(...)`` -> the block's own forward arguments and
+    ``(value, ...)`` -> ``(value)``. ``from_pretrained`` (network) is monkeypatched to build a
+    tiny randomly initialised model from a config. A new block that needs an input the harness
+    does not know fails with NameError: extend ``_placeholders``.
+(b) The public signatures written in docs/api.md (parameter names, order, kinds, defaults) are
+    parsed from api.md itself and compared with ``inspect.signature`` of the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/simulator.md")
+
+
+# ----------------------------------------------------------------------------- (a) snippets
+
+
+def _python_blocks(relpath: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / relpath).read_text(), re.S)
+
+
+SNIPPETS = [(path, i, code) for path in DOCS_WITH_SNIPPETS
+            for i, code in enumerate(_python_blocks(path))]
+
+# The tiny problem the elided MSDA inputs use: 2 levels, L = 80, 3 query tiles' worth of samples.
+_SHAPES = ((8, 8), (4, 4))
+_STARTS = (0, 64)
+_B, _NQ, _NH, _CH, _NP = 1, 12, 2, 16, 2
+
+
+def _msda_numpy_inputs(rng: np.random.Generator) -> dict[str, Any]:
+    """Kernel-style inputs: bf16 value/weights, fp32 locations (some outside [0, 1])."""
+    loc_shape = (_B, _NQ, _NH, len(_SHAPES), _NP)
+    return dict(
+        value=rng.standard_normal((_B, _STARTS[-1] + 16, _NH, _CH)).astype(ml_dtypes.bfloat16),
+        spatial_shapes=_SHAPES, level_start_index=_STARTS,
+        sampling_locations=rng.uniform(-0.1, 1.1, (*loc_shape, 2)).astype(np.float32),
+        attention_weights=rng.random(loc_shape).astype(ml_dtypes.bfloat16),
+        grad_output=rng.standard_normal((_B, _NQ, _NH * _CH)).astype(ml_dtypes.bfloat16))
+
+
+def _max_rel(got: Any, ref: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def _tiny_detr_config():
+    transformers = pytest.importorskip("transformers")
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64],
+                                         depths=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
+    return transformers.DeformableDetrConfig(
+        backbone_config=backbone, use_timm_backbone=False, use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=10, num_feature_levels=4,
+        encoder_n_points=2, decoder_n_points=2, num_labels=3)
+
+
+def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+                  ) -> tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]:
+    """(code to run, the elided names it needs, a check of its results)."""
+    checks: list[Callable[[dict[str, Any]], None]] = []
+    names: dict[str, Any] = {}
+
+    if "simulate(ms_deformable_attention" in code:
+        from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+        from nkilib_msda.simulator.report import CostReport
+
+        names.update(_msda_numpy_inputs(rng))
+        code = code.replace("(...)", "(value, spatial_shapes, level_start_index, sampling_locations, "
+                                     "attention_weights)")
+        args = {k: names[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                      "sampling_locations", "attention_weights")}
+
+        def check_kernels(ns: dict[str, Any]) -> None:
+            assert ns["out"].dtype == ml_dtypes.bfloat16
+            assert _max_rel(ns["out"], ms_deformable_attention_ref(**args)) <= 1e-2
+            refs = ms_deformable_attention_bwd_ref(names["grad_output"], **args)
+            for got, ref in zip((ns["grad_value"], ns["grad_loc"], ns["grad_attn"]), refs):
+                assert got.shape == ref.shape and _max_rel(got, ref) <= 2.5e-2
+            if "report" in ns:
+                assert isinstance(ns["report"], CostReport) and ns["report"].to_dict()["engines"]
+        checks.append(check_kernels)
+
+    elif "ms_deformable_attention_ref(" in code:
+        inputs = _msda_numpy_inputs(rng)
+        names.update(value=inputs["value"], spatial_shapes=_SHAPES, loc=inputs["sampling_locations"],
+                     attn=inputs["attention_weights"])
+
+        padding = re.search(r"padding_mode=[\"'](\w+)", code)
+
+        def check_reference(ns: dict[str, Any]) -> None:
+            assert ns["out"].dtype == np.float64 and ns["out"].shape == (_B, _NQ, _NH * _CH)
+            torch = pytest.importorskip("torch")
+            import nkilib_msda
+
+            # cross-check with the torch `reference` backend (float64, its own implementation)
+            as_torch = {k: torch.from_numpy(np.asarray(names[k], dtype=np.float64))
+                        for k in ("value", "loc", "attn")}
+            other = nkilib_msda.multi_scale_deformable_attention(
+                as_torch["value"], _SHAPES, None, as_torch["loc"], as_torch["attn"],
+                padding_mode=padding.group(1) if padding else "zeros", backend="reference")
+            np.testing.assert_allclose(ns["out"], other.numpy(), rtol=1e-10, atol=1e-12)
+        checks.append(check_reference)
+
+    if "nkilib_msda.multi_scale_deformable_attention(" in code:
+        def check_functional(ns: dict[str, Any]) -> None:
+            from nkilib_msda.reference import ms_deformable_attention_ref
+
+            ref = ms_deformable_attention_ref(ns["value"].detach().numpy(), ns["shapes"], None,
+                                              ns["loc"].detach().numpy(), ns["attn"].numpy())
+            assert tuple(ns["out"].shape) == ref.shape == (2, 100, 256)
+            assert _max_rel(ns["out"].detach().numpy(), ref) <= 1e-5
+            for t in (ns["value"], ns["loc"]):
+                assert t.grad is not None and bool(t.grad.isfinite().all()) and t.grad.abs().max() > 0
+        checks.append(check_functional)
+
+    if "MSDeformAttn(" in code:
+        import torch
+
+        levels = ((8, 8), (4, 4), (2, 2), (1, 1))
+        length = sum(h * w for h, w in levels)
+        names.update(query=torch.randn(2, 5, 256), reference_points=torch.rand(2, 5, 4, 2),
+                     input_flatten=torch.randn(2, length, 256),
+                     input_spatial_shapes=torch.tensor(levels),
+                     input_level_start_index=torch.tensor([0, 64, 80, 84]),
+                     input_padding_mask=torch.rand(2, length) < 0.1)
+
+        def check_module(ns: dict[str, Any]) -> None:
+            assert tuple(ns["out"].shape) == (2, 5, 256) and bool(ns["out"].isfinite().all())
+        checks.append(check_module)
+
+    if "from_pretrained(" in code:
+        transformers = pytest.importorskip("transformers")
+        config = _tiny_detr_config()
+        monkeypatch.setattr(transformers.DeformableDetrForObjectDetection, "from_pretrained",
+                            classmethod(lambda cls, name, **kwargs: cls(config)))
+
+        def check_patch(ns: dict[str, Any]) -> None:
+            from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention
+
+            swapped = [m for m in ns["model"].modules() if isinstance(m, MultiScaleDeformableAttention)]
+            assert ns["n"] == len(swapped) == 3  # 1 encoder + 2 decoder layers
+        checks.append(check_patch)
+
+    if "block_attn_res(" in code:
+        import torch
+
+        b, t, d = 1, 4, 64
+        g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+        names.update(blocks=[torch.randn(b, t, d, generator=g).bfloat16() for _ in range(3)],
+                     proj_weight=torch.randn(d, generator=g).bfloat16(),
+                     partial_block=torch.randn(b, t, d, generator=g).bfloat16(),
+                     gamma=(1 + 0.1 * torch.randn(d, generator=g)).bfloat16())
+
+        def check_block_attn_res(ns: dict[str, Any]) -> None:
+            from nkilib_msda.reference import block_attn_res_ref
+
+            h_ref, rms_ref, alpha_ref = block_attn_res_ref(
+                [x.float().numpy() for x in names["blocks"]], names["proj_weight"].float().numpy(),
+                names["partial_block"].float().numpy(), rmsnorm_gamma=names["gamma"].float().numpy())
+            assert ns["h"].dtype == torch.bfloat16 and _max_rel(ns["h"].float().numpy(), h_ref) <= 1.6e-2
+            assert _max_rel(ns["rms"].numpy(), rms_ref) <= 1e-5
+            assert _max_rel(ns["alpha"].numpy(), alpha_ref) <= 1e-5
+        checks.append(check_block_attn_res)
+
+    if "simulate(kernel" in code:
+        from nkilib_msda._nki import nki, nl, nisa
+
+        @nki.jit
+        def kernel(value):
+            out = nl.ndarray(value.shape, value.dtype, buffer=nl.shared_hbm)
+            tile = nl.ndarray(value.shape, value.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(tile, value)
+            nisa.dma_copy(out, tile)
+            return out
+
+        names.update(kernel=kernel, value=rng.standard_normal((4, 8)).astype(np.float32))
+        code = code.replace("(value, ...)", "(value)")
+
+        def check_simulate(ns: dict[str, Any]) -> None:
+            np.testing.assert_array_equal(ns["out"], names["value"])
+            assert ns["report"].to_dict()["num_programs"] == 1
+        checks.append(check_simulate)
+
+    def check_all(ns: dict[str, Any]) -> None:
+        for check in checks:
+            check(ns)
+    return code, names, check_all
+
+
+@pytest.mark.parametrize("path,index,code", SNIPPETS, ids=[f"{p}[{i}]" for p, i, _ in SNIPPETS])
+def test_doc_snippet_runs(path, index, code, monkeypatch):
+    if re.search(r"\btorch\b|nkilib_msda\.(multi_scale|patch)|MSDeformAttn|block_attn_res\(", code):
+        pytest.importorskip("torch")
+    monkeypatch.setenv("NKILIB_MSDA_NKI", "emulator")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("NKILIB_MSDA_BACKEND", "NKILIB_MSDA_SIM_LNC"):
+        monkeypatch.delenv(var, raising=False)
+    code, namespace, check = _placeholders(code, monkeypatch, np.random.default_rng(index))
+    exec(compile(code, f"{path}[python block {index}]", "exec"), namespace)  # noqa: S102
+    check(namespace)
+
+
+def test_every_doc_with_snippets_has_some():
+    assert {p for p, _, _ in SNIPPETS} == set(DOCS_WITH_SNIPPETS)
+
+
+# ---------------------------------------------------------------------------- (b) api.md
+
+_API = (ROOT / "docs" / "api.md").read_text()
+
+
+def _documented_params(call: str) -> list[tuple[str, str, Any]]:
+    """(name, kind, default) of the first ``call(...)`` written in api.md (balanced parens)."""
+    match = re.search(rf"(?<![\w.]){re.escape(call)}\(", _API)
+    assert match, f"api.md does not write {call}(...)"
+    depth, start = 1, match.end()
+    for end in range(start, len(_API)):
+        depth += {"(": 1, ")": -1}.get(_API[end], 0)
+        if depth == 0:
+            break
+    text = _API[start:end].replace("`", "")
+    func = ast.parse(f"def f({text}): pass").body[0]
+    a = func.args
+    positional = [(p.arg, "positional") for p in a.args]
+    defaults = [inspect.Parameter.empty] * (len(a.args) - len(a.defaults)) + [
+        ast.literal_eval(d) for d in a.defaults]
+    params = [(n, k, d) for (n, k), d in zip(positional, defaults)]
+    params += [(p.arg, "keyword_only", inspect.Parameter.empty if d is None else ast.literal_eval(d))
+               for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    return params
+
+
+def _code_params(func: Any) -> list[tuple[str, str, Any]]:
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+             inspect.Parameter.KEYWORD_ONLY: "keyword_only"}
+    params = [p for p in inspect.signature(func).parameters.values() if p.name != "self"]
+    return [(p.name, kinds.get(p.kind, str(p.kind)), p.default) for p in params]
+
+
+def _kernels():
+    from nkilib_msda.experimental.deformable_attention import (ms_deformable_attention,
+                                                               ms_deformable_attention_bwd)
+    return ms_deformable_attention, ms_deformable_attention_bwd
+
+
+def test_api_nki_kernels():
+    """§1; the kernels are JitKernel objects whose signature is the wrapped function's."""
+    forward, backward = _kernels()
+    documented = _documented_params("ms_deformable_attention")
+    code = _code_params(forward)
+    assert code[:len(documented)] == documented
+    extras = code[len(documented):]  # "optional tuning keywords may follow"
+    assert {"gather_method", "max_indices_per_indirect"} <= {name for name, _, _ in extras}
+    assert all(default is not inspect.Parameter.empty for _, _, default in extras)
+    assert _code_params(backward) == _documented_params("ms_deformable_attention_bwd")
+
+
+def test_api_references_take_the_kernels_first_arguments():
+    """§2: "same positional/keyword arguments as the kernels' first nine"."""
+    from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+
+    forward_doc = _documented_params("ms_deformable_attention")
+    assert len(forward_doc) == 9
+    assert _code_params(ms_deformable_attention_ref) == forward_doc
+    assert _code_params(ms_deformable_attention_bwd_ref) == [
+        ("grad_output", "positional", inspect.Parameter.empty), *forward_doc]
+
+
+def test_api_simulate(monkeypatch):
+    """§3. api.md writes the defaults as lnc=1, target="trn2"; the code spells them None
+    (= the kernel's kernel[lnc] else 1; NEURON_PLATFORM_TARGET_OVERRIDE else trn2). Check that
+    the None defaults behave as documented."""
+    from nkilib_msda.simulator import NkiError, simulate
+
+    documented = _documented_params("simulate")
+    code = _code_params(simulate)
+    spelled_as_none = {"lnc": 1, "target": "trn2"}
+    for (doc_name, doc_kind, doc_default), (name, kind, default) in zip(documented, code):
+        assert (name, kind) == (doc_name, doc_kind)
+        assert default == doc_default or (default is None and spelled_as_none.get(name) == doc_default)
+    assert [n for n, _, _ in documented] == ["kernel", "lnc", "target"]
+    assert code[len(documented)] == ("report", "positional", False)  # simulate(..., report=True)
+    assert issubclass(NkiError, Exception)
+
+    from nkilib_msda._nki import nki, nl, nisa
+
+    @nki.jit
+    def copy(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        tile = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(tile, x)
+        nisa.dma_copy(out, tile)
+        return out
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    out, report = simulate(copy, report=True)(x)
+    np.testing.assert_array_equal(out, x)
+    info = report.to_dict()
+    assert (info["num_programs"], info["target"]) == (1, "trn2") and str(report)
+
+
+def test_api_torch_functional_and_drop_ins():
+    """§4."""
+    pytest.importorskip("torch")
+    import nkilib_msda
+
+    assert _code_params(nkilib_msda.multi_scale_deformable_attention) == _documented_params(
+        "nkilib_msda.multi_scale_deformable_attention")
+    documented_init = _documented_params("nkilib_msda.MSDeformAttn")
+    init = _code_params(nkilib_msda.MSDeformAttn.__init__)
+    assert init[:len(documented_init)] == documented_init
+    assert all(kind == "keyword_only" for _, kind, _ in init[len(documented_init):])
+    assert _code_params(nkilib_msda.patch_transformers_model) == _documented_params(
+        "nkilib_msda.patch_transformers_model")
+    # autograd.Function.apply is positional (as upstream's); the code keeps upstream's names
+    # (value_spatial_shapes, value_level_start_index) where api.md writes spatial_shapes, ...
+    apply_doc = _documented_params("nkilib_msda.MSDeformAttnFunction.apply")
+    apply_code = _code_params(nkilib_msda.MSDeformAttnFunction.apply)
+    assert len(apply_code) == len(apply_doc) == 6
+    assert all(kind == "positional" for _, kind, _ in apply_code)
+
+
+def test_api_hf_layer_matches_transformers():
+    """§4: MultiScaleDeformableAttention has HF transformers' stateless layer signature."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import nkilib_msda
+    from transformers.models.deformable_detr import modeling_deformable_detr
+
+    ours = [n for n, _, _ in _code_params(nkilib_msda.MultiScaleDeformableAttention.forward)]
+    theirs = [n for n, _, _ in _code_params(modeling_deformable_detr.MultiScaleDeformableAttention.forward)]
+    assert ours == theirs, f"transformers {transformers.__version__}"
+
+
+def test_api_block_attn_res():
+    """§7."""
+    pytest.importorskip("torch")
+    from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
+    from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
+
+    forward_doc = _documented_params("block_attn_res")
+    assert _code_params(block_attn_res) == forward_doc
+    assert _code_params(block_attn_res_backward) == _documented_params("block_attn_res_backward")
+    assert _code_params(block_attn_res_backward_ref) == _documented_params("block_attn_res_backward_ref")
+    # block_attn_res_ref(...): "same arguments minus the flags and backend"
+    without_flags = [p for p in forward_doc if p[0] not in ("rms_out_flag", "alpha_out_flag", "backend")]
+    assert _code_params(block_attn_res_ref) == without_flags
