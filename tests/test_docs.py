@@ -322,8 +322,12 @@ def test_api_torch_functional_and_drop_ins():
     pytest.importorskip("torch")
     import nkilib_msda
 
-    assert _code_params(nkilib_msda.multi_scale_deformable_attention) == _documented_params(
-        "nkilib_msda.multi_scale_deformable_attention")
+    documented = _documented_params("nkilib_msda.multi_scale_deformable_attention")
+    code = _code_params(nkilib_msda.multi_scale_deformable_attention)
+    assert code[:len(documented)] == documented
+    # api.md: "Add to them freely": additions are keyword-only with defaults (e.g. deterministic).
+    assert all(kind == "keyword_only" and default is not inspect.Parameter.empty
+               for _, kind, default in code[len(documented):])
     documented_init = _documented_params("nkilib_msda.MSDeformAttn")
     init = _code_params(nkilib_msda.MSDeformAttn.__init__)
     assert init[:len(documented_init)] == documented_init

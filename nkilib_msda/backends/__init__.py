@@ -6,9 +6,10 @@ Every backend module implements the same interface:
 - ``unsupported_reason(problem, value, sampling_locations) -> str | None``
 - ``msda_forward(value, problem, sampling_locations, attention_weights) -> Tensor``
   (B, N_q, N_h*C_h) in value's dtype
-- ``msda_backward(grad_output, value, problem, sampling_locations, attention_weights, compute)
-  -> (grad_value, grad_sampling_locations, grad_attention_weights)`` in the input layouts, any
-  float dtype, zeros where ``compute`` is False.
+- ``msda_backward(grad_output, value, problem, sampling_locations, attention_weights, compute,
+  deterministic=None) -> (grad_value, grad_sampling_locations, grad_attention_weights)`` in the
+  input layouts, any float dtype, zeros where ``compute`` is False; ``deterministic=True`` asks
+  for a bitwise-reproducible grad_value (backends that are always deterministic ignore it).
 
 Modules are imported lazily so that e.g. Triton is only imported when asked for.
 """

@@ -181,10 +181,12 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
 
 def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAProblem,
                   sampling_locations: torch.Tensor, attention_weights: torch.Tensor,
-                  compute: tuple[bool, bool, bool] = (True, True, True)
+                  compute: tuple[bool, bool, bool] = (True, True, True),
+                  deterministic: bool | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernel in the simulator: (grad_value, grad_sampling_locations,
-    grad_attention_weights); zeros where ``compute`` is False."""
+    grad_attention_weights); zeros where ``compute`` is False. The kernel's fixed-order
+    reduction is bitwise deterministic, so ``deterministic`` needs no action."""
     _, backward_kernel = _kernels()
     return call_backward_kernel(run_in_simulator(backward_kernel), grad_output, value, problem,
                                 sampling_locations, attention_weights, compute)

@@ -13,7 +13,9 @@ float64 for float64 inputs and float32 otherwise.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -244,12 +246,15 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
 
 def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAProblem,
                   sampling_locations: torch.Tensor, attention_weights: torch.Tensor,
-                  compute: tuple[bool, bool, bool] = (True, True, True)
+                  compute: tuple[bool, bool, bool] = (True, True, True),
+                  deterministic: bool | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_value, grad_sampling_locations, grad_attention_weights) in the input layouts.
 
     Gradients come back in the compute dtype (float32, or float64 for float64 inputs);
-    those not requested in ``compute`` are zeros.
+    those not requested in ``compute`` are zeros. The grad_value scatter (``index_add_``) is
+    deterministic on CPU; on CUDA it is made so for ``deterministic=True`` by PyTorch's
+    deterministic-algorithms mode (otherwise it follows the global setting).
     """
     p = problem
     want_value, want_loc, want_attn = compute
@@ -269,7 +274,8 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
         if want_value:
             coef = terms.weights * attn[:, qs, ..., None]
             contrib = coef[..., None] * g[:, :, :, None, None, None, :]
-            grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
+            with _deterministic_scatter(deterministic and grad_value.device.type != "cpu"):
+                grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
         if want_loc or want_attn:
             sampled = _gather(value_rows, terms.rows)
             dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g)  # <g, V[row_c]>
@@ -281,3 +287,16 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     grad_loc = (_to_location_layout(grad_u, grad_v, p) if want_loc
                 else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
     return _rows_to_value_layout(grad_value, p), grad_loc, grad_attn
+
+
+@contextlib.contextmanager
+def _deterministic_scatter(enable: bool) -> Iterator[None]:
+    """Turn on torch's deterministic algorithms for the enclosed ops (restored afterwards)."""
+    if not enable or torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -66,10 +66,11 @@ class MSDAEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, value: Tensor, sampling_locations: Tensor, attention_weights: Tensor,
-                problem: MSDAProblem, backend: str) -> Tensor:
+                problem: MSDAProblem, backend: str, deterministic: bool | None) -> Tensor:
         ctx.save_for_backward(value, sampling_locations, attention_weights)
         ctx.problem = problem
         ctx.backend = backend
+        ctx.deterministic = deterministic
         return _forward(backend, problem, value, sampling_locations, attention_weights)
 
     @staticmethod
@@ -84,7 +85,7 @@ class MSDAEager(torch.autograd.Function):
                 grad_output, value, ops.flatten_spatial_shapes(p.spatial_shapes),
                 list(p.level_start_index), sampling_locations, attention_weights, p.value_layout,
                 p.sampling_locations_layout, p.align_corners, p.padding_mode, ctx.backend,
-                compute)
+                compute, ctx.deterministic)
         else:
             problem = validated_problem(
                 value, p.spatial_shapes, p.level_start_index, sampling_locations,
@@ -92,17 +93,20 @@ class MSDAEager(torch.autograd.Function):
                 p.padding_mode, grad_output=grad_output)
             with _profiler_range("nkilib_msda::ms_deformable_attention_bwd"):
                 grads = ops.backward_with_backend(ctx.backend, problem, grad_output, value,
-                                                  sampling_locations, attention_weights, compute)
+                                                  sampling_locations, attention_weights, compute,
+                                                  ctx.deterministic)
         grad_value, grad_loc, grad_attn = grads
         return (grad_value if compute[0] else None, grad_loc if compute[1] else None,
-                grad_attn if compute[2] else None, None, None)
+                grad_attn if compute[2] else None, None, None, None)
 
 
 def msda_forward_eager(problem: MSDAProblem, backend: str, value: Tensor,
-                       sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+                       sampling_locations: Tensor, attention_weights: Tensor,
+                       deterministic: bool | None = None) -> Tensor:
     """The forward operator's result (and autograd) for a validated call that ``backend`` can
     run; only valid when :func:`can_skip_dispatcher` holds for the three tensors."""
     if torch.is_grad_enabled() and (value.requires_grad or sampling_locations.requires_grad
                                     or attention_weights.requires_grad):
-        return MSDAEager.apply(value, sampling_locations, attention_weights, problem, backend)
+        return MSDAEager.apply(value, sampling_locations, attention_weights, problem, backend,
+                               deterministic)
     return _forward(backend, problem, value, sampling_locations, attention_weights)

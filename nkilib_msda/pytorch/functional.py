@@ -63,6 +63,7 @@ def multi_scale_deformable_attention(
     align_corners: bool = False,
     padding_mode: str = "zeros",
     backend: str | None = None,
+    deterministic: bool | None = None,
 ) -> Tensor:
     """Multi-scale deformable attention; returns (B, N_q, N_h*C_h) in value's dtype.
 
@@ -76,6 +77,10 @@ def multi_scale_deformable_attention(
         attention_weights: (B, N_q, N_h, N_l, N_p).
         align_corners, padding_mode: as ``grid_sample`` ("zeros", "border", "reflection").
         backend: None/"auto", "reference", "nki" or "triton" (see :mod:`.dispatch`).
+        deterministic: True asks for a bitwise-reproducible backward (grad_value); None uses
+            the backend's default (triton: ``NKILIB_MSDA_DETERMINISTIC``, else
+            ``torch.are_deterministic_algorithms_enabled()``). The reference and nki backends
+            are deterministic on CPU and Neuron whatever the flag.
 
     Differentiable with respect to value, sampling_locations and attention_weights. Invalid
     arguments raise ``ValueError``/``TypeError`` naming the argument before any kernel runs.
@@ -89,8 +94,10 @@ def multi_scale_deformable_attention(
 
         return neuron.msda_on_neuron_device(value, problem, sampling_locations, attention_weights)
     if can_skip_dispatcher(value, sampling_locations, attention_weights):
-        return msda_forward_eager(problem, name, value, sampling_locations, attention_weights)
+        return msda_forward_eager(problem, name, value, sampling_locations, attention_weights,
+                                  deterministic)
     return torch.ops.nkilib_msda.ms_deformable_attention(
         value, ops.flatten_spatial_shapes(problem.spatial_shapes), list(problem.level_start_index),
         sampling_locations, attention_weights, problem.value_layout,
-        problem.sampling_locations_layout, problem.align_corners, problem.padding_mode, name)
+        problem.sampling_locations_layout, problem.align_corners, problem.padding_mode, name,
+        deterministic)

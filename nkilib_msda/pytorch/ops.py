@@ -70,8 +70,12 @@ def ms_deformable_attention(
     align_corners: bool = False,
     padding_mode: str = "zeros",
     backend: str = "reference",
+    deterministic: bool | None = None,
 ) -> Tensor:
-    """MSDA forward: (B, N_q, N_h*C_h) in value's dtype, computed by ``backend``."""
+    """MSDA forward: (B, N_q, N_h*C_h) in value's dtype, computed by ``backend``.
+
+    ``deterministic`` is only used by the backward (bitwise-reproducible grad_value; None: the
+    backend's default, e.g. ``NKILIB_MSDA_DETERMINISTIC`` for triton)."""
     problem = problem_from_op_args(value, spatial_shapes, level_start_index, sampling_locations,
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode)
@@ -108,7 +112,7 @@ def _output_dims(value: Tensor, sampling_locations: Tensor, value_layout: str,
 def _ms_deformable_attention_fake(value, spatial_shapes, level_start_index, sampling_locations,
                                   attention_weights, value_layout="BLNC",
                                   sampling_locations_layout="BQHLP2", align_corners=False,
-                                  padding_mode="zeros", backend="reference"):
+                                  padding_mode="zeros", backend="reference", deterministic=None):
     return value.new_empty(_output_dims(value, sampling_locations, value_layout,
                                         sampling_locations_layout))
 
@@ -130,6 +134,7 @@ def ms_deformable_attention_bwd(
     padding_mode: str,
     backend: str,
     compute: list[bool],
+    deterministic: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """MSDA backward: always three tensors (grad_value, grad_sampling_locations,
     grad_attention_weights), each in its input's shape, layout and dtype; zeros where
@@ -141,18 +146,19 @@ def ms_deformable_attention_bwd(
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode, grad_output=grad_output)
     return backward_with_backend(backend, problem, grad_output, value, sampling_locations,
-                                 attention_weights, compute)
+                                 attention_weights, compute, deterministic)
 
 
 def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tensor, value: Tensor,
                           sampling_locations: Tensor, attention_weights: Tensor,
-                          compute: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+                          compute: list[bool], deterministic: bool | None = None
+                          ) -> tuple[Tensor, Tensor, Tensor]:
     """The backward operator's body once ``problem`` (with ``grad_output``) is validated."""
     flags = tuple(bool(c) for c in compute)
     if any(flags):
         module = _backend_module(backend, problem, value, sampling_locations)
         grads = module.msda_backward(grad_output, value, problem, sampling_locations,
-                                     attention_weights, flags)
+                                     attention_weights, flags, deterministic=deterministic)
     else:
         grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                  torch.zeros_like(attention_weights))
@@ -166,7 +172,7 @@ def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tenso
 def _ms_deformable_attention_bwd_fake(grad_output, value, spatial_shapes, level_start_index,
                                       sampling_locations, attention_weights, value_layout,
                                       sampling_locations_layout, align_corners, padding_mode,
-                                      backend, compute):
+                                      backend, compute, deterministic=None):
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
@@ -176,24 +182,26 @@ def _ms_deformable_attention_bwd_fake(grad_output, value, spatial_shapes, level_
 
 def _setup_context(ctx, inputs, output) -> None:
     (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-     value_layout, sampling_locations_layout, align_corners, padding_mode, backend) = inputs
+     value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
+     deterministic) = inputs
     ctx.save_for_backward(value, sampling_locations, attention_weights)
     ctx.static_args = (list(spatial_shapes), list(level_start_index), value_layout,
-                       sampling_locations_layout, align_corners, padding_mode, backend)
+                       sampling_locations_layout, align_corners, padding_mode, backend,
+                       deterministic)
 
 
 def _backward(ctx, grad_output: Tensor):
     value, sampling_locations, attention_weights = ctx.saved_tensors
     (spatial_shapes, level_start_index, value_layout, sampling_locations_layout, align_corners,
-     padding_mode, backend) = ctx.static_args
+     padding_mode, backend, deterministic) = ctx.static_args
     compute = [ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]]
     grad_value, grad_loc, grad_attn = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
         grad_output, value, spatial_shapes, level_start_index, sampling_locations,
         attention_weights, value_layout, sampling_locations_layout, align_corners, padding_mode,
-        backend, compute)
+        backend, compute, deterministic)
     return (grad_value if compute[0] else None, None, None,
             grad_loc if compute[1] else None, grad_attn if compute[2] else None,
-            None, None, None, None, None)
+            None, None, None, None, None, None)
 
 
 ms_deformable_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -137,3 +137,37 @@ def test_spatial_shapes_and_level_starts_accept_tensors_and_lists():
 def test_get_backend_rejects_unknown_names():
     with pytest.raises(ValueError, match="backend"):
         get_backend("cpu")
+
+
+@pytest.mark.parametrize("compiled_op_path", [False, True])
+def test_deterministic_argument_reaches_the_backend_backward(monkeypatch, compiled_op_path):
+    """`deterministic=` travels through the eager path and through the registered operators."""
+    import torch
+
+    import nkilib_msda
+    from nkilib_msda.backends import reference_torch
+
+    seen = []
+    original = reference_torch.msda_backward
+
+    def spy(*args, deterministic=None, **kwargs):
+        seen.append(deterministic)
+        return original(*args, deterministic=deterministic, **kwargs)
+
+    monkeypatch.setattr(reference_torch, "msda_backward", spy)
+    shapes = ((3, 4), (2, 2))
+    value = torch.randn(1, 16, 2, 8, dtype=torch.float64, requires_grad=True)
+    loc = torch.rand(1, 5, 2, 2, 3, 2, dtype=torch.float64, requires_grad=True)
+    attn = torch.rand(1, 5, 2, 2, 3, dtype=torch.float64, requires_grad=True)
+
+    def run(v, l, a):
+        return nkilib_msda.multi_scale_deformable_attention(v, shapes, None, l, a, backend="reference",
+                                                           deterministic=True)
+
+    fn = torch.compile(run, backend="aot_eager", fullgraph=True) if compiled_op_path else run
+    fn(value, loc, attn).sum().backward()
+    assert seen == [True]
+    first = value.grad.clone()
+    value.grad = None
+    fn(value, loc, attn).sum().backward()
+    assert torch.equal(first, value.grad)
