@@ -208,7 +208,7 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
     value, loc, attn, grad = inputs
     ref = msda_grid_sample_with_grads(value.double(), shape.levels, loc.double(), attn.double(),
                                       grad.double())
-    errs: dict[str, dict[str, float]] = {}
+    errs: dict[str, dict[str, float | tuple[float, ...]]] = {}
     for name, modes in found.items():
         errs[name] = {}
         for mode, fn in modes.items():

@@ -290,7 +290,7 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
 
 
 @contextlib.contextmanager
-def _deterministic_scatter(enable: bool) -> Iterator[None]:
+def _deterministic_scatter(enable: bool | None) -> Iterator[None]:
     """Turn on torch's deterministic algorithms for the enclosed ops (restored afterwards)."""
     if not enable or torch.are_deterministic_algorithms_enabled():
         yield

@@ -270,6 +270,7 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     grad_loc = alloc_loc(sampling_locations)
     grad_attn = alloc_attn(attention_weights)
     native = plan.grad_value_accumulator == "native" or value.dtype == torch.float32
+    grad_value: torch.Tensor | None
     if deterministic:
         grad_value = torch.empty_like(value)
         accumulator = grad_value  # unused by the kernel in this mode

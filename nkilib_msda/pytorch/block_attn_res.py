@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import ml_dtypes
 import numpy as np
@@ -80,7 +80,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _query(w: Tensor, gamma: Tensor | None, scale: float, enable_rmsnorm: bool, cd: torch.dtype) -> Tensor:
     u = scale * w.to(cd)
-    return u * gamma.to(cd) if enable_rmsnorm else u
+    return u * cast(Tensor, gamma).to(cd) if enable_rmsnorm else u  # gamma given with RMSNorm
 
 
 def _reference_forward(values: Tensor, w: Tensor, gamma: Tensor | None, scale: float, eps: float,
@@ -108,7 +108,7 @@ def _reference_backward(grad_h: Tensor, values: Tensor, w: Tensor, alpha: Tensor
     d_alpha = torch.einsum("btd,lbtd->btl", dh, v)
     g = a * (d_alpha - (a * d_alpha).sum(-1, keepdim=True))  # dLoss/dz
     if enable_rmsnorm:
-        r = rms.to(cd)[..., 0]
+        r = cast(Tensor, rms).to(cd)[..., 0]  # rms and gamma are given with RMSNorm
         z = torch.einsum("lbtd,d->btl", v, u) / r  # recomputed (caches fix z only up to a constant)
         coef_a = g / r
         coef_b = -coef_a * z / (values.shape[-1] * r)
@@ -119,6 +119,7 @@ def _reference_backward(grad_h: Tensor, values: Tensor, w: Tensor, alpha: Tensor
         dv = dv + coef_b.permute(2, 0, 1)[..., None] * v
     beta = torch.einsum("btl,lbtd->d", coef_a, v)
     if enable_rmsnorm:
+        gamma = cast(Tensor, gamma)
         grad_w = (scale * gamma.to(cd) * beta).to(w.dtype)
         grad_gamma = (scale * w.to(cd) * beta).to(gamma.dtype)
     else:
@@ -153,7 +154,7 @@ def _sim_lnc() -> int:
 
 def _run_kernel(kernel: Any, tensors: Sequence[Tensor | None], *static: Any) -> tuple[Tensor, ...]:
     """Run an NKI kernel: in the simulator for CPU tensors, natively on Neuron tensors."""
-    device = tensors[0].device
+    device = cast(Tensor, tensors[0]).device  # the first tensor is always given
     if device.type == "cpu":
         from nkilib_msda.simulator import simulate
 
@@ -168,7 +169,7 @@ def _nki_forward(values: Tensor, w: Tensor, gamma: Tensor | None, scale: float, 
     from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_attn_res_fwd
 
     n_src, b, t, d = values.shape
-    gamma32 = gamma.float() if enable_rmsnorm else None
+    gamma32 = cast(Tensor, gamma).float() if enable_rmsnorm else None
     outs = _run_kernel(block_attn_res_fwd, [values.reshape(n_src, b * t, d), w.float(), gamma32],
                        float(scale), float(eps), bool(enable_rmsnorm))
     h = outs[0].reshape(b, t, d)
@@ -186,12 +187,12 @@ def _nki_backward(grad_h: Tensor, values: Tensor, w: Tensor, alpha: Tensor, gamm
     tokens = b * t
     inputs = [grad_h.reshape(tokens, d), values.reshape(n_src, tokens, d), w.float(),
               alpha.float().reshape(tokens, n_src),
-              gamma.float() if enable_rmsnorm else None,
-              rms.float().reshape(tokens, n_src) if enable_rmsnorm else None]
+              cast(Tensor, gamma).float() if enable_rmsnorm else None,
+              cast(Tensor, rms).float().reshape(tokens, n_src) if enable_rmsnorm else None]
     outs = _run_kernel(block_attn_res_bwd, inputs, float(scale), bool(enable_rmsnorm))
     grad_values = outs[0].reshape(n_src, b, t, d)
     grad_w = outs[1].to(w.dtype)
-    grad_gamma = outs[2].to(gamma.dtype) if enable_rmsnorm else w.new_empty((0,))
+    grad_gamma = outs[2].to(cast(Tensor, gamma).dtype) if enable_rmsnorm else w.new_empty((0,))
     return grad_values, grad_w, grad_gamma
 
 

@@ -38,7 +38,7 @@ _FUNCTION_PARAMS = ("value", "value_spatial_shapes", "sampling_locations", "atte
 _PATCHED_MARK = "__nkilib_msda_original__"
 
 
-def _forward_params(cls: type) -> tuple[str, ...]:
+def _forward_params(cls: type[nn.Module]) -> tuple[str, ...]:
     params = inspect.signature(cls.forward).parameters
     return tuple(p for p in params if p != "self")
 
@@ -100,16 +100,17 @@ def patch_transformers_model(model: nn.Module, backend: str | None = None) -> in
         for child_name, child in list(parent.named_children()):
             if _is_hf_layer(child):
                 layer = MultiScaleDeformableAttention()
-                layer.nkilib_msda_backend = backend
+                layer.nkilib_msda_backend = backend  # type: ignore[assignment]  # stub: Tensor|Module only
                 setattr(parent, child_name, layer)
                 count += 1
             elif isinstance(child, MultiScaleDeformableAttention):
-                child.nkilib_msda_backend = backend
+                child.nkilib_msda_backend = backend  # type: ignore[assignment]  # stub: Tensor|Module only
                 count += 1
     patched_modules = {}
     for module in model.modules():
         if _uses_function(module):
             py_module = _function_module(module)
+            assert py_module is not None  # _uses_function checked it
             patched_modules[py_module.__name__] = py_module
             count += 1
     for py_module in patched_modules.values():

@@ -92,6 +92,7 @@ def block_attn_res_backward_ref(grad_h: Any, blocks: Sequence[Any], proj_weight:
     dv = alpha[..., None] * dh[:, :, None, :]
     grad_gamma = None
     if enable_rmsnorm:
+        assert gamma is not None and r is not None and x_hat is not None  # checked by _scores
         dim = v.shape[-1]
         dv += (g / r)[..., None] * (u - x_hat * z[..., None] / dim)
         beta = np.tensordot(g, x_hat, axes=3)

@@ -185,6 +185,7 @@ def _bilinear_terms(problem: MSDAProblem, locations: np.ndarray, with_derivative
                 rows[:, :, :, level, :, corner] = _value_rows(problem, start + y_index * width + x_index)
                 weights[:, :, :, level, :, corner] = mask * x_weight * y_weight
                 if with_derivatives:
+                    assert d_du is not None and d_dv is not None  # allocated when with_derivatives
                     d_du[:, :, :, level, :, corner] = mask * x_sign * y_weight * xs.scale
                     d_dv[:, :, :, level, :, corner] = mask * x_weight * y_sign * ys.scale
                 corner += 1

@@ -6,6 +6,7 @@ Strict: every rule of nki-subset.md §7a raises :class:`NkiError`. See docs/simu
 from __future__ import annotations
 
 import types
+from typing import Any
 
 from nkilib_msda.simulator import isa as nisa
 from nkilib_msda.simulator import language as nl
@@ -23,10 +24,10 @@ class _TensorAnnotation:
         return cls
 
 
-typing = types.ModuleType("nki.typing", "Annotation helpers (nki.typing.tensor[shape]).")
+typing: Any = types.ModuleType("nki.typing", "Annotation helpers (nki.typing.tensor[shape]).")
 typing.tensor = _TensorAnnotation
 
-nki = types.ModuleType("nki", "Emulated nki namespace (jit, language, isa, simulate).")
+nki: Any = types.ModuleType("nki", "Emulated nki namespace (jit, language, isa, simulate).")
 nki.typing = typing
 nki.jit = jit
 nki.language = nl

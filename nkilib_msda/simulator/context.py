@@ -126,6 +126,11 @@ class SharedState:
 class ExecutionContext:
     """What an instruction needs to know about the program that executes it."""
 
+    # Set lazily by the instructions that need them (read with getattr defaults).
+    _warned_activation_ranges: set[Any]
+    _reduce_registers: dict[str, Any]
+    no_reorder_depth: int
+
     def __init__(self, shared: SharedState, program_id: int, program_ndim: int) -> None:
         self.shared = shared
         self.target = shared.target

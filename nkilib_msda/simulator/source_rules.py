@@ -78,7 +78,7 @@ def _module_functions(filename: str) -> dict[int, ast.AST] | None:
     for decorated functions, as ``co_firstlineno``); the file is parsed once."""
     if filename in _MODULE_FUNCTIONS:
         return _MODULE_FUNCTIONS[filename]
-    table = None
+    table: dict[int, ast.AST] | None = None
     lines = linecache.getlines(filename)
     if lines:
         try:
@@ -86,12 +86,13 @@ def _module_functions(filename: str) -> dict[int, ast.AST] | None:
         except SyntaxError:
             tree = None
         if tree is not None:
-            table = {}
+            functions: dict[int, ast.AST] = {}
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                     first = min([node.lineno] + [d.lineno for d in
                                                  getattr(node, "decorator_list", [])])
-                    table.setdefault(first, node)
+                    functions.setdefault(first, node)
+            table = functions
     _MODULE_FUNCTIONS[filename] = table
     return table
 
@@ -223,7 +224,8 @@ def check_kernel_source(kernel: Callable[..., Any], mode: str, is_operator_mode:
     if mode == "off" and is_operator_mode == "off":
         return
     violations = kernel_source_violations(kernel)
-    errors, warns = [], []
+    errors: list[Any] = []
+    warns: list[Any] = []
     for v in violations:
         rule_mode = is_operator_mode if v[1] == "is operator" else mode
         (errors if rule_mode == "error" else warns if rule_mode == "warn" else []).append(v)

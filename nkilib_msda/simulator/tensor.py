@@ -142,8 +142,10 @@ class NkiTensor(_ViewBase):
         self.storage = storage
         self.dtype = to_nki_dtype(dtype)
         self.shape = tuple(int(n) for n in shape)
-        self.strides = tuple(int(s) for s in strides) if strides is not None else None
-        if self.strides is None:
+        self.strides: tuple[int, ...]
+        if strides is not None:
+            self.strides = tuple(int(s) for s in strides)
+        else:
             self.strides = _c_strides(self.shape)
             if storage.is_on_chip and self.shape:
                 self.strides = (storage.ppe(self.dtype.itemsize),) + self.strides[1:]

@@ -45,6 +45,18 @@ _RESET_REDUCE = nisa.reduce_cmd.reset_reduce
 class _Tiles:
     """The backward's SBUF/PSUM working set (allocated once; sizes match plan.sbuf_bytes)."""
 
+    # Score tiles are created with setattr in __init__; declared here for type checkers.
+    alpha: Any
+    rms: Any
+    rinv: Any
+    d_alpha: Any
+    d_u: Any
+    weighted: Any
+    z: Any
+    g: Any
+    a: Any
+    b: Any
+
     def __init__(self, plan: BackwardPlan, dtype: Any) -> None:
         p, n_src, dim, chunks = TOKEN_TILE, plan.num_sources, plan.dim, plan.beta_chunks
         mm_dtype = _F32 if plan.matmul_dtype == "float32" else nl.bfloat16
@@ -79,7 +91,7 @@ class _SourceReader:
 
     def __init__(self, t: _Tiles, values: Any, plan: BackwardPlan) -> None:
         self.t, self.values, self.plan, self.count = t, values, plan, 0
-        self.slab = None
+        self.slab: Any = None
 
     def load_slab(self, tile_index: int, row0: int, rows: int) -> None:
         if self.plan.mode == "slab":

@@ -32,6 +32,24 @@ _RESET_REDUCE = nisa.reduce_cmd.reset_reduce
 class _Tiles:
     """The forward's SBUF working set (allocated once; sizes match plan.sbuf_bytes)."""
 
+    # Score and column tiles are created with setattr in __init__; declared here for type checkers.
+    sumsq: Any
+    dot: Any
+    z: Any
+    e: Any
+    alpha: Any
+    rms: Any
+    rinv: Any
+    mean_sq: Any
+    neg_max: Any
+    esum: Any
+    rsum: Any
+    run_max0: Any
+    run_max1: Any
+    neg_run_max: Any
+    corr: Any
+    group_max: Any
+
     def __init__(self, plan: ForwardPlan, dtype: Any) -> None:
         p, n_src, dim = TOKEN_TILE, plan.num_sources, plan.dim
         self.u = nl.ndarray((p, dim), dtype=_F32, buffer=nl.sbuf, name="u")

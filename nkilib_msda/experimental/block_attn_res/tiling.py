@@ -22,6 +22,7 @@ one; backward slab x2, slab x1, stream x2, stream x1 (xN = rotation depth of the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, cast
 
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "SBUF_USABLE_BYTES", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
@@ -167,7 +168,7 @@ def _fits(buffers: dict[str, int], budget: int) -> bool:
 
 
 def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
-            buffers_for: "callable", budget: int) -> tuple[str, int, dict[str, int]]:
+            buffers_for: Callable[[str, int], dict[str, int]], budget: int) -> tuple[str, int, dict[str, int]]:
     """First (mode, rotating buffers) candidate whose buffer list fits the budget."""
     tried = []
     for mode, nbuf in candidates:
@@ -191,7 +192,7 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
     _check_common(num_sources, num_tokens, dim, dtype, lnc)
     _check_mode(force_mode)
     forced = isinstance(force_group, int)  # kernel code: no `is None` (NKI 0.3-0.6)
-    if forced and not 1 <= force_group <= num_sources:
+    if forced and not 1 <= cast(int, force_group) <= num_sources:
         raise ValueError(f"group: expected 1..{num_sources} sources per group, got {force_group}")
     es = DTYPE_BYTES[dtype]
 
@@ -207,7 +208,8 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
         }
 
     if forced:
-        candidates = [(force_group, 2), (force_group, 1)]
+        exact_group = cast(int, force_group)
+        candidates = [(exact_group, 2), (exact_group, 1)]
     else:
         top = num_sources - 1 if force_mode == "stream" and num_sources > 1 else num_sources
         bottom = num_sources if force_mode == "slab" else 1

@@ -37,7 +37,7 @@ smallest plan does not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from nkilib_msda.validation import MSDAProblem
 
@@ -294,7 +294,7 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     psum_cols = 1
     if method == "transpose":
         psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes) // stack) * stack
-    base = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
+    base: dict[str, Any] = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
                 channel_tiles=_channel_tiles(c) if method == "transpose" else ((0, c),),
                 psum_bufs=2 if method == "transpose" else 0)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -64,6 +64,7 @@ class _Operand:
     def shaped(self) -> np.ndarray:
         """Addresses in the operand's shape."""
         if self.addr is None:
+            assert self.tensor is not None  # static operands always carry their view
             self.addr = self.tensor.addresses()
         return self.addr
 
@@ -253,7 +254,7 @@ def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray 
     if dst.overlap_free:
         return
     if dst.kind == "indirect" and dst.row_extent > 0:
-        bases = np.sort(dst.row_bases)
+        bases = np.sort(cast(np.ndarray, dst.row_bases))  # set for every indirect operand
         if bases.size < 2 or int(np.diff(bases).min()) >= dst.row_extent:
             return  # distinct, non-overlapping rows
         if dst.row_runs is not None and _runs_disjoint(bases, *dst.row_runs):
@@ -560,5 +561,6 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
     for s, src in zip(resolved, srcs):
         values = read_raw(s.storage, s.index(mask), s.dtype, ins, src.name).astype(np.float32)
         total = values if total is None else total + values
+    total = cast(np.ndarray, total)  # srcs is non-empty
     write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)
     _account(ins, "compute", resolved, d, int(total.size))

@@ -67,7 +67,7 @@ def _affine_values(instr: str, pattern: Any, offset: Any, channel_multiplier: An
                         f"{elements_per_partition} elements per partition")
     offset = _int_arg(instr, "offset", offset)
     channel_multiplier = _int_arg(instr, "channel_multiplier", channel_multiplier)
-    free = np.zeros((), dtype=np.int64)
+    free: np.ndarray = np.zeros((), dtype=np.int64)
     for k, (step, num) in enumerate(zip(steps, nums)):
         axis = np.arange(num, dtype=np.int64) * step
         free = free[..., None] + axis.reshape((1,) * k + (num,))

@@ -294,7 +294,7 @@ def memset(dst: Any, value: Any, engine: Any = None, name: str | None = None) ->
 # ------------------------------------------------------------------------------------------
 def _reduce_axes(instr: str, data: Any, axis: Any) -> tuple[int, ...]:
     if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
-        axes = (int(axis),)
+        axes: tuple[int, ...] = (int(axis),)
     elif isinstance(axis, (tuple, list)) and axis and all(
             isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis):
         axes = tuple(int(a) for a in axis)
