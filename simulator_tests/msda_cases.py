@@ -11,6 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from nkilib_msda.check import compare
+
 from nkilib_msda.inputs import (  # noqa: F401
     PRESETS, S4, MSDACase, make_inputs, numpy_dtype)
 
@@ -63,19 +65,11 @@ def tolerance(value_dtype: str) -> float:
 
 
 def assert_close(out: np.ndarray, ref: np.ndarray, value_dtype: str, what: str = "output") -> None:
-    """max|out - ref| <= tol * max|ref| and ||out - ref|| / ||ref|| <= tol (compared in fp64)."""
-    tol = tolerance(value_dtype)
-    got = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != reference {ref.shape}"
-    assert np.all(np.isfinite(got)), f"{what}: {np.sum(~np.isfinite(got))} non-finite elements"
-    scale = float(np.max(np.abs(ref)))
-    max_err = float(np.max(np.abs(got - ref))) if got.size else 0.0
-    assert max_err <= tol * max(scale, 1e-30), (
-        f"{what}: max|out - ref| = {max_err:.3g} > {tol:g} * max|ref| = {tol * scale:.3g}")
-    norm = float(np.linalg.norm(ref))
-    rel_l2 = float(np.linalg.norm(got - ref)) / norm if norm > 0 else float(np.linalg.norm(got))
-    assert rel_l2 <= tol, f"{what}: relative L2 error {rel_l2:.3g} > {tol:g}"
+    """max|out - ref| <= tol * max|ref| and ||out - ref|| / ||ref|| <= tol (compared in fp64;
+    the same metric `nkilib-msda check` reports)."""
+    result = compare(what, out, ref, tolerance(value_dtype))
+    assert result.ok, (f"{what}: max|out - ref|/max|ref| = {result.max_rel:.3g}, relative L2 = "
+                       f"{result.rel_l2:.3g}, tolerance {result.tolerance:g} (non-finite counts as inf)")
 
 
 def with_(c: MSDACase, **kw) -> MSDACase:
