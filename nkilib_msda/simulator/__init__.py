@@ -10,6 +10,7 @@ from typing import Any
 
 from nkilib_msda.simulator import isa as nisa
 from nkilib_msda.simulator import language as nl
+from nkilib_msda.simulator import wrappers as _wrappers  # noqa: F401  (installs nl tile functions)
 from nkilib_msda.simulator.errors import NkiError, NkiWarning, nki_error
 from nkilib_msda.simulator.jit import JitKernel, jit, simulate
 from nkilib_msda.simulator.report import CostReport

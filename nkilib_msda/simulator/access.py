@@ -1,7 +1,12 @@
 """Reading and writing tensor views, and the operand checks shared by all instructions.
 
-Every read checks the storage's "written" mask: reading an element that was never written
-is undefined behaviour on hardware (uninitialised memory) and raises NkiError here.
+Layer: above tensors/views, below the ALU semantics and the instructions (it never imports
+them). Every write maintains the storage's "written" mask. Reading an element that was never
+written is undefined behaviour on hardware; as in the official simulator, new allocations
+hold NaN / the integer fill pattern and such reads simply return it
+(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/nki_simulator.html).
+In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_SIM_STRICT=1``) the read
+raises NkiError "uninitialized read".
 """
 
 from __future__ import annotations
@@ -10,15 +15,16 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import cast_values
-from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.errors import hazard, nki_error
 from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, IndirectAccess,
                                           NkiTensor, Storage)
 
 __all__ = ["read", "read_f32", "write", "store", "store_masked", "read_raw", "write_raw", "partition_info",
            "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
-           "require_tensor", "mark_initialised", "check_initialised", "assign", "may_overlap",
-           "buffer_kind"]
+           "require_tensor", "mark_initialised", "check_initialised", "may_overlap",
+           "buffer_kind", "strict_mode", "report_hazard"]
 
 _MASK_VIEW = {1: (np.uint8, 0x01), 2: (np.uint16, 0x0101), 4: (np.uint32, 0x01010101),
               8: (np.uint64, 0x0101010101010101)}
@@ -36,11 +42,22 @@ def require_tensor(t: Any, instruction: str, operand: str = "operand") -> NkiTen
                     f"{operand} must be an NKI tensor, got {type(t).__name__}")
 
 
+def strict_mode() -> bool:
+    """Whether the running simulation is strict (False outside a kernel)."""
+    ctx = current_or_none()
+    return ctx is not None and ctx.options.strict
+
+
+def report_hazard(instruction: str, rule: str, detail: str) -> None:
+    """A hazard of the running simulation: NkiHazardWarning, or NkiError in strict mode."""
+    hazard(instruction, rule, detail, strict=strict_mode(), stacklevel=4)
+
+
 def check_initialised(storage: Storage, addr: Any, itemsize: int, instruction: str,
                       what: str = "") -> None:
-    """Raise if any element at ``addr`` (int array or slice, elements of ``itemsize``) was
-    never written."""
-    if storage.fully_initialised:
+    """Strict mode: raise if any element at ``addr`` (int array or slice, elements of
+    ``itemsize``) was never written. Otherwise a no-op (the read returns the fill pattern)."""
+    if storage.fully_initialised or not strict_mode():
         return
     view_dtype, full = _MASK_VIEW[itemsize]
     flags = storage.init.view(view_dtype)[addr]
@@ -102,7 +119,7 @@ def read(t: Any, instruction: str) -> np.ndarray:
     # Strided views read through NumPy strides (no address arrays): same elements.
     storage = t.storage
     itemsize = t.dtype.itemsize
-    if not storage.fully_initialised:
+    if not storage.fully_initialised and strict_mode():
         mask_dtype, full = _MASK_VIEW[itemsize]
         flags = t.np_view(storage.init, mask_dtype, itemsize)
         if flags.size and flags.min() != full:
@@ -273,36 +290,3 @@ def check_buffer(instruction: str, operand_name: str, t: Any, allowed: Iterable[
 def buffer_kind(t: Any) -> str:
     """'hbm', 'sbuf' or 'psum'."""
     return "hbm" if t.buffer in ("private_hbm", "shared_hbm") else t.buffer
-
-
-def assign(dst: NkiTensor, value: Any, instruction: str) -> None:
-    """``view[...] = tile``: copy with cast. On-chip to on-chip runs as a Vector
-    tensor_copy (compute rules apply); anything touching HBM runs as a direct dma_copy."""
-    from nkilib_msda.simulator.context import current
-    from nkilib_msda.simulator.isa._operands import clear_matmul_flags
-
-    ctx = current()
-    if dst.buffer == "psum":  # a copy/memset into PSUM is not a matmul start (accumulate=True after it is UB)
-        clear_matmul_flags(dst)
-    if isinstance(value, NkiTensor):
-        if dst.is_on_chip and value.is_on_chip:
-            check_compute_partitions(instruction, dst, value)
-            check_same_shape_per_partition(instruction, dst, value)
-            src_vals = read(value, instruction)
-            if src_vals.dtype != dst.dtype.np or dst.dtype != value.dtype:
-                src_vals = src_vals.astype(np.float32)
-            write(dst, src_vals.reshape(-1), instruction)
-            ctx.report.add_instruction("vector", "tensor_copy", dst.size)
-            return
-        from nkilib_msda.simulator.isa.dma import dma_copy
-
-        dma_copy(dst=dst, src=value)
-        return
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-        if dst.dtype.is_int and not float(value).is_integer():
-            raise nki_error(instruction, "value type", f"float {value} assigned to {dst.dtype}")
-        write(dst, np.full(dst.size, value), instruction)
-        ctx.report.add_instruction("vector" if dst.is_on_chip else "dma", "memset", dst.size)
-        return
-    raise nki_error(instruction, "value type",
-                    f"can only assign an NKI tensor or a number, got {type(value).__name__}")

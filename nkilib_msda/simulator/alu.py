@@ -1,4 +1,8 @@
-"""ALU operators, activation functions and the experimental ``nl.*`` math wrappers.
+"""ALU operators and activation functions (the ``nl.*`` operator names).
+
+Layer: ALU semantics, below the instructions. The ``nl.add(x, y)`` tile functions are
+implemented one layer above the instructions (simulator/wrappers.py) and installed with
+:func:`register_wrappers`.
 
 One object per NKI name: ``nl.add`` is both the ALU identity passed as ``op=`` to
 ``nisa.tensor_tensor`` & co. and, when called, the experimental wrapper
@@ -45,6 +49,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import NkiWarning, nki_error
 
 BITVEC = "bitvec"
@@ -103,7 +108,7 @@ class NkiOp:
                  reducible: bool = False, trn3_only: bool = False,
                  activation_fn: Callable | None = None,
                  valid_range: tuple[float, float, bool] | None = None,
-                 wrapper: Callable | None = None, alias_of: "NkiOp | None" = None,
+                 wrapper: str | None = None, alias_of: "NkiOp | None" = None,
                  fails_on_hardware: bool = False) -> None:
         self.name = name
         self.alu_kind = alu_kind
@@ -130,7 +135,12 @@ class NkiOp:
             raise nki_error(f"nl.{self.name}", "not callable",
                             f"nl.{self.name} is an operator identity (pass it as op=), "
                             "not a tile function")
-        return self._wrapper(self, *args, **kwargs)
+        impl = _WRAPPERS.get(self._wrapper)
+        if impl is None:
+            raise nki_error(f"nl.{self.name}", "not callable",
+                            f"the nl.{self.name} tile wrapper is not registered (import "
+                            "nkilib_msda.simulator.language, which installs the wrappers)")
+        return impl(self, *args, **kwargs)
 
     # --- ALU evaluation -------------------------------------------------------------
     @property
@@ -171,6 +181,16 @@ class NkiOp:
         return bool(np.any(bad))
 
 
+# Tile-function implementations by wrapper kind, installed by the ``nl`` wrapper layer
+# (simulator/wrappers.py), which sits above the instructions this module must not import.
+_WRAPPERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_wrappers(impls: dict[str, Callable[..., Any]]) -> None:
+    """Install the ``nl.<op>(...)`` tile functions by wrapper kind (called once by wrappers.py)."""
+    _WRAPPERS.update(impls)
+
+
 def resolve_alu(op: Any, instruction: str) -> NkiOp:
     """Return the ALU op behind ``op`` (``nl.max`` -> ``nl.maximum``) or raise NkiError."""
     if isinstance(op, NkiOp):
@@ -190,8 +210,6 @@ def resolve_alu(op: Any, instruction: str) -> NkiOp:
 def warn_out_of_range(op: NkiOp, x: np.ndarray) -> None:
     """Emit one NkiWarning per activation function and kernel run whose input left the
     function's valid range."""
-    from nkilib_msda.simulator.context import current
-
     ctx = current()
     warned = getattr(ctx, "_warned_activation_ranges", None)
     if warned is None:
@@ -204,221 +222,6 @@ def warn_out_of_range(op: NkiOp, x: np.ndarray) -> None:
     _warnings.warn(f"activation: valid input range: {op!r} is only valid on {rng}; the "
                    "hardware returns garbage outside it (the emulator returns the exact "
                    "value)", NkiWarning, stacklevel=3)
-
-
-# ----------------------------------------------------------------------------------------
-# Wrappers (lazy imports: language and isa import this module)
-# ----------------------------------------------------------------------------------------
-
-def _nl():
-    from nkilib_msda.simulator import language
-    return language
-
-
-def _isa():
-    from nkilib_msda.simulator import isa
-    return isa
-
-
-def _is_scalar(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, np.ndarray)
-
-
-def _dtype(dtype: Any):
-    from nkilib_msda.simulator.dtypes import to_nki_dtype
-    return to_nki_dtype(dtype)
-
-
-def _promote(x: Any, y: Any):
-    """Result dtype of two tiles: float beats int, then the wider type, then x's."""
-    dx, dy = _dtype(x.dtype), _dtype(y.dtype)
-    if dx.is_float != dy.is_float:
-        return dx if dx.is_float else dy
-    return dy if dy.itemsize > dx.itemsize else dx
-
-
-def _new_tile(shape: tuple[int, ...], dtype: Any, buffer: str = "sbuf"):
-    nl = _nl()
-    return nl.ndarray(tuple(shape), dtype=dtype, buffer=getattr(nl, buffer))
-
-
-def _require_tile(name: str, arg: str, x: Any) -> None:
-    if not hasattr(x, "shape") or not hasattr(x, "buffer") or _is_scalar(x):
-        raise nki_error(f"nl.{name}", "operand type",
-                        f"{arg} must be an on-chip tile (NkiTensor), got {type(x).__name__}")
-
-
-def _binary_wrapper(op: NkiOp, x: Any, y: Any, dtype: Any = None) -> Any:
-    """``nl.<op>(x, y, dtype=None)``: tile-tile (equal shapes) or tile-scalar; new SBUF tile."""
-    isa = _isa()
-    x_scalar, y_scalar = _is_scalar(x), _is_scalar(y)
-    if x_scalar and y_scalar:
-        raise nki_error(f"nl.{op.name}", "operand type", "at least one operand must be a tile")
-    if op is power and (x_scalar or y_scalar):
-        raise nki_error("nl.power", "scalar exponent",
-                        "nl.power with a scalar operand fails on hardware; "
-                        "use two tiles (GpSimd tensor_tensor) or nl.multiply")
-    if x_scalar or y_scalar:
-        tile, scalar, reverse = (y, x, True) if x_scalar else (x, y, False)
-        _require_tile(op.name, "x" if not x_scalar else "y", tile)
-        default = _dtype(tile.dtype)
-        out_dtype = _dtype(dtype) if dtype is not None else (
-            _dtype("uint8") if op.is_compare else default)
-        out = _new_tile(tile.shape, out_dtype)
-        operand = scalar if op.alu_kind == BITVEC else float(scalar)
-        isa.tensor_scalar(out, tile, op, operand, reverse0=reverse)
-        return out
-    _require_tile(op.name, "x", x)
-    _require_tile(op.name, "y", y)
-    if tuple(x.shape) != tuple(y.shape):
-        raise nki_error(f"nl.{op.name}", "no broadcasting",
-                        f"x.shape {tuple(x.shape)} != y.shape {tuple(y.shape)}; the nl.* "
-                        "binary wrappers do not broadcast (use nisa.tensor_scalar or a "
-                        ".broadcast() view)")
-    out_dtype = _dtype(dtype) if dtype is not None else (
-        _dtype("uint8") if op.is_compare else _promote(x, y))
-    out = _new_tile(x.shape, out_dtype)
-    isa.tensor_tensor(out, x, y, op)
-    return out
-
-
-def _unary_alu_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
-    """Unary ALU wrappers (invert, logical_not, negative): one tensor_scalar instruction."""
-    _require_tile(op.name, "x", x)
-    out = _new_tile(x.shape, _dtype(dtype) if dtype is not None else _dtype(x.dtype))
-    if op is negative:
-        _isa().tensor_scalar(out, x, multiply, -1.0)
-    else:
-        _isa().tensor_scalar(out, x, op, None)
-    return out
-
-
-def _activation_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
-    """``nl.exp(x, dtype=None)`` & co.: one ScalarE activation into a new SBUF tile."""
-    _require_tile(op.name, "x", x)
-    out = _new_tile(x.shape, _dtype(dtype) if dtype is not None else _dtype(x.dtype))
-    _isa().activation(out, op, x)
-    return out
-
-
-def _rounding_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
-    """``nl.floor`` / ``nl.ceil``: exact on the fp32 value, then cast (see module doc)."""
-    from nkilib_msda.simulator import access
-    from nkilib_msda.simulator.context import current
-
-    instruction = f"nl.{op.name}"
-    _require_tile(op.name, "x", x)
-    if x.buffer not in ("sbuf", "psum"):
-        raise nki_error(instruction, "operand buffer",
-                        f"x must be in SBUF or PSUM, got {x.buffer}")
-    out = _new_tile(x.shape, _dtype(dtype) if dtype is not None else _dtype(x.dtype))
-    access.check_compute_partitions(instruction, x, out)
-    values = access.read_f32(x, instruction)
-    rounded = np.floor(values) if op is floor else np.ceil(values)
-    access.write(out, rounded.astype(np.float32), instruction)
-    current().report.add_instruction("vector", op.name, int(x.size))
-    return out
-
-
-def _copy_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
-    """``nl.copy(x, dtype=None)``: ScalarE ``activation(copy)`` into a new SBUF tile."""
-    return _activation_wrapper(op, x, dtype)
-
-
-def _check_reduce_axis(name: str, x: Any, axis: Any) -> tuple[int, ...]:
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    nd = len(x.shape)
-    norm = tuple(sorted(int(a) % nd if -nd <= int(a) < nd else int(a) for a in axes))
-    if not norm or 0 in norm or norm != tuple(range(nd - len(norm), nd)):
-        raise nki_error(f"nl.{name}", "reduce axis",
-                        f"axis={axis!r} on a {nd}-D tile: must be the trailing contiguous free "
-                        f"dims ending at {nd - 1}, never the partition dim 0")
-    return norm
-
-
-def _reduce_wrapper(op: NkiOp, x: Any, axis: Any, dtype: Any = None,
-                    keepdims: bool = False) -> Any:
-    """``nl.sum/max/min/mean(x, axis, dtype=None, keepdims=False)`` via tensor_reduce."""
-    isa = _isa()
-    _require_tile(op.name, "x", x)
-    axes = _check_reduce_axis(op.name, x, axis)
-    if keepdims:
-        shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-    else:
-        shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
-        shape = shape + (1,) * (2 - len(shape))  # on-chip tiles stay at least 2-D
-    out_dtype = _dtype(dtype) if dtype is not None else _dtype(x.dtype)
-    alu = {"sum": add, "mean": add, "max": maximum, "min": minimum}[op.name]
-    if op.name != "mean":
-        out = _new_tile(shape, out_dtype)
-        isa.tensor_reduce(out, alu, x, axes, keepdims=keepdims)
-        return out
-    count = int(np.prod([x.shape[a] for a in axes]))
-    total = _new_tile(shape, _dtype("float32"))
-    isa.tensor_reduce(total, add, x, axes, keepdims=keepdims)
-    out = _new_tile(shape, out_dtype)
-    isa.tensor_scalar(out, total, multiply, 1.0 / count)
-    return out
-
-
-def _where_wrapper(op: NkiOp, condition: Any, x: Any, y: Any, dtype: Any = None) -> Any:
-    """``nl.where(cond, x, y)``: ``x`` where ``cond != 0`` else ``y`` (tile or scalar)."""
-    from nkilib_msda.simulator import access
-    from nkilib_msda.simulator.context import current
-
-    instruction = "nl.where"
-    _require_tile("where", "condition", condition)
-    _require_tile("where", "x", x)
-    tiles = [condition, x] + ([] if _is_scalar(y) else [y])
-    for name, t in zip(("condition", "x", "y"), tiles):
-        if t.buffer not in ("sbuf", "psum"):
-            raise nki_error(instruction, "operand buffer",
-                            f"{name} must be in SBUF or PSUM, got {t.buffer}")
-        if tuple(t.shape) != tuple(x.shape):
-            raise nki_error(instruction, "no broadcasting",
-                            f"{name}.shape {tuple(t.shape)} != x.shape {tuple(x.shape)}")
-    if _builtins.sum(t.buffer == "psum" for t in tiles) > 1:
-        raise nki_error(instruction, "two PSUM inputs",
-                        "at most one Vector input may be in PSUM")
-    out_dtype = _dtype(dtype) if dtype is not None else _dtype(x.dtype)
-    out = _new_tile(x.shape, out_dtype)
-    access.check_compute_partitions(instruction, *tiles, out)
-    cond = access.read_f32(condition, instruction)
-    xv = access.read_f32(x, instruction)
-    yv = np.float32(y) if _is_scalar(y) else access.read_f32(y, instruction)
-    access.write(out, np.where(cond != 0, xv, yv).astype(np.float32), instruction)
-    current().report.add_instruction("vector", "select", int(x.size))
-    return out
-
-
-def _transpose_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
-    """``nl.transpose(x)``: ``nc_transpose`` of a 2-D tile into a new PSUM tile."""
-    isa = _isa()
-    _require_tile("transpose", "x", x)
-    if len(x.shape) != 2:
-        raise nki_error("nl.transpose", "2-D tile", f"x must be 2-D, got shape {tuple(x.shape)}")
-    out = _new_tile((x.shape[1], x.shape[0]), _dtype(x.dtype), "psum")
-    isa.nc_transpose(out, x)
-    if dtype is None or _dtype(dtype) == _dtype(x.dtype):
-        return out
-    cast = _new_tile(out.shape, _dtype(dtype))
-    isa.tensor_copy(cast, out)
-    return cast
-
-
-def _matmul_wrapper(op: NkiOp, x: Any, y: Any, transpose_x: bool = False) -> Any:
-    """``nl.matmul(x, y, transpose_x=True)``: ``x.T @ y`` into a new fp32 PSUM tile."""
-    if not transpose_x:
-        raise nki_error("nl.matmul", "transpose_x",
-                        "nl.matmul(transpose_x=False) fails on hardware; pass x already "
-                        "transposed ([K, M]) with transpose_x=True, or use nisa.nc_matmul")
-    _require_tile("matmul", "x", x)
-    _require_tile("matmul", "y", y)
-    m = int(np.prod(x.shape[1:]))
-    n_shape = tuple(y.shape[1:])
-    out = _new_tile((m,) + n_shape, _dtype("float32"), "psum")
-    _isa().nc_matmul(out, x, y, accumulate=False)
-    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -445,7 +248,7 @@ def _shift_right(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _arith(name: str, fn: Callable, reducible: bool = False, **kw: Any) -> NkiOp:
     return NkiOp(name, alu_kind=ARITHMETIC, arity=2, alu_fn=fn, reducible=reducible,
-                 wrapper=_binary_wrapper, **kw)
+                 wrapper="binary", **kw)
 
 
 add = _arith("add", np.add, reducible=True)
@@ -467,43 +270,43 @@ abs_max = _arith("abs_max", lambda a, b: np.maximum(np.abs(a), np.abs(b)), trn3_
 abs_min = _arith("abs_min", lambda a, b: np.minimum(np.abs(a), np.abs(b)), trn3_only=True)
 
 bitwise_and = NkiOp("bitwise_and", alu_kind=BITVEC, arity=2, alu_fn=np.bitwise_and,
-                    reducible=True, wrapper=_binary_wrapper)
+                    reducible=True, wrapper="binary")
 bitwise_or = NkiOp("bitwise_or", alu_kind=BITVEC, arity=2, alu_fn=np.bitwise_or,
-                   reducible=True, wrapper=_binary_wrapper)
+                   reducible=True, wrapper="binary")
 bitwise_xor = NkiOp("bitwise_xor", alu_kind=BITVEC, arity=2, alu_fn=np.bitwise_xor,
-                    reducible=True, wrapper=_binary_wrapper)
+                    reducible=True, wrapper="binary")
 left_shift = NkiOp("left_shift", alu_kind=BITVEC, arity=2, alu_fn=_shift_left,
-                   wrapper=_binary_wrapper)
+                   wrapper="binary")
 right_shift = NkiOp("right_shift", alu_kind=BITVEC, arity=2, alu_fn=_shift_right,
-                    wrapper=_binary_wrapper)
-invert = NkiOp("invert", alu_kind=BITVEC, arity=1, alu_fn=np.invert, wrapper=_unary_alu_wrapper)
+                    wrapper="binary")
+invert = NkiOp("invert", alu_kind=BITVEC, arity=1, alu_fn=np.invert, wrapper="unary_alu")
 logical_not = NkiOp("logical_not", alu_kind=ARITHMETIC, arity=1,
                     alu_fn=lambda a: (a == 0).astype(np.float32), is_compare=True,
-                    wrapper=_unary_alu_wrapper)
+                    wrapper="unary_alu")
 negative = NkiOp("negative", alu_kind=ARITHMETIC, arity=1, alu_fn=np.negative,
-                 wrapper=_unary_alu_wrapper)
+                 wrapper="unary_alu")
 
 # Unary ALU ops that are also activation functions (the wrapper uses ScalarE).
 abs = NkiOp("abs", alu_kind=ARITHMETIC, arity=1, alu_fn=np.abs,  # noqa: A001
-            activation_fn=np.abs, wrapper=_activation_wrapper)
+            activation_fn=np.abs, wrapper="activation")
 square = NkiOp("square", alu_kind=ARITHMETIC, arity=1, alu_fn=np.square,
-               activation_fn=np.square, wrapper=_activation_wrapper)
+               activation_fn=np.square, wrapper="activation")
 relu = NkiOp("relu", alu_kind=ARITHMETIC, arity=1, alu_fn=lambda a: np.maximum(a, 0),
-             activation_fn=lambda x: np.maximum(x, 0.0), wrapper=_activation_wrapper)
+             activation_fn=lambda x: np.maximum(x, 0.0), wrapper="activation")
 rsqrt = NkiOp("rsqrt", alu_kind=ARITHMETIC, arity=1, alu_fn=lambda a: 1.0 / np.sqrt(a),
               activation_fn=lambda x: 1.0 / np.sqrt(x), valid_range=(2.0 ** -87, 2.0 ** 97, False),
-              wrapper=_activation_wrapper)
+              wrapper="activation")
 reciprocal = NkiOp("reciprocal", alu_kind=ARITHMETIC, arity=1, alu_fn=lambda a: 1.0 / a,
                    activation_fn=lambda x: 1.0 / x, valid_range=(2.0 ** -42, 2.0 ** 42, True),
-                   wrapper=_activation_wrapper)
+                   wrapper="activation")
 
 
 def _act(name: str, fn: Callable, valid_range: tuple[float, float, bool] | None = None) -> NkiOp:
-    return NkiOp(name, activation_fn=fn, valid_range=valid_range, wrapper=_activation_wrapper)
+    return NkiOp(name, activation_fn=fn, valid_range=valid_range, wrapper="activation")
 
 
-copy = NkiOp("copy", activation_fn=lambda x: x, wrapper=_copy_wrapper)
-identity = NkiOp("identity", activation_fn=lambda x: x, wrapper=_copy_wrapper)
+copy = NkiOp("copy", activation_fn=lambda x: x, wrapper="copy")
+identity = NkiOp("identity", activation_fn=lambda x: x, wrapper="copy")
 exp = _act("exp", np.exp)
 log = _act("log", np.log, (2.0 ** -64, 2.0 ** 64, False))
 sqrt = _act("sqrt", np.sqrt, (2.0 ** -116, 2.0 ** 118, False))
@@ -523,16 +326,16 @@ sin = _act("sin", np.sin, (-_PI, _PI, False))
 arctan = _act("arctan", np.arctan, (-_PI / 2, _PI / 2, False))
 sign = _act("sign", np.sign)
 
-floor = NkiOp("floor", wrapper=_rounding_wrapper)
-ceil = NkiOp("ceil", wrapper=_rounding_wrapper)
-where = NkiOp("where", wrapper=_where_wrapper)
-transpose = NkiOp("transpose", wrapper=_transpose_wrapper)
-matmul = NkiOp("matmul", wrapper=_matmul_wrapper)
+floor = NkiOp("floor", wrapper="rounding")
+ceil = NkiOp("ceil", wrapper="rounding")
+where = NkiOp("where", wrapper="where")
+transpose = NkiOp("transpose", wrapper="transpose")
+matmul = NkiOp("matmul", wrapper="matmul")
 
-sum = NkiOp("sum", wrapper=_reduce_wrapper)  # noqa: A001
-mean = NkiOp("mean", wrapper=_reduce_wrapper)
-max = NkiOp("max", wrapper=_reduce_wrapper, alias_of=maximum)  # noqa: A001
-min = NkiOp("min", wrapper=_reduce_wrapper, alias_of=minimum)  # noqa: A001
+sum = NkiOp("sum", wrapper="reduce")  # noqa: A001
+mean = NkiOp("mean", wrapper="reduce")
+max = NkiOp("max", wrapper="reduce", alias_of=maximum)  # noqa: A001
+min = NkiOp("min", wrapper="reduce", alias_of=minimum)  # noqa: A001
 
 divide = NkiOp("divide", fails_on_hardware=True)
 mod = NkiOp("mod", fails_on_hardware=True)

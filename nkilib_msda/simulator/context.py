@@ -35,12 +35,15 @@ class SimOptions:
     program keeps running.
     source_rules / is_operator: "error", "warn" or "off" for the kernel-source rules
     (source_rules.py): neuronxcc imports and nl.divide/mod/fmod, and `is` comparisons.
+    strict: uninitialised reads and hazard warnings (NkiHazardWarning) raise NkiError
+    (simulate(..., strict=True) / NKILIB_MSDA_SIM_STRICT=1; see docs/simulator.md).
     """
 
     duplicate_scatter: str = "error"
     barrier_timeout_s: float | None = None
     source_rules: str = "error"
     is_operator: str = "error"
+    strict: bool = False
 
 
 class ProgramScheduler:
@@ -140,7 +143,7 @@ class ExecutionContext:
         self.program_ndim = program_ndim
         self.report = CostReport()
         self.report.target = shared.target.name
-        self.memory = MemoryTracker(shared.target, self.report)
+        self.memory = MemoryTracker(shared.target, self.report, strict=shared.options.strict)
         self.shared_allocation_count = 0
 
     def shared_allocation(self, make: Callable[[], Any], check: Callable[[Any], None]) -> Any:

@@ -14,7 +14,8 @@ Cast rules (:func:`cast_values`), nki-subset.md §4 "Numerics":
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -22,10 +23,26 @@ import numpy as np
 from nkilib_msda.simulator.errors import nki_error
 
 __all__ = [
-    "NkiDtype", "to_nki_dtype", "cast_values", "ALL_DTYPES",
+    "quiet_fp", "NkiDtype", "to_nki_dtype", "cast_values", "ALL_DTYPES",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e4m3fn",
     "float8_e5m2", "float8_e8m0fnu", "int8", "int16", "int32", "uint8", "uint16", "uint32", "bool_",
 ]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def quiet_fp(fn: _F) -> _F:
+    """Run ``fn`` under a local ``np.errstate(all="ignore")``: NaN/inf are legitimate
+    hardware results of emulated instructions, so NumPy floating-point warnings never escape
+    the emulator and a caller's ``np.seterr(all="raise")`` never raises inside it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class NkiDtype(str):
@@ -153,6 +170,7 @@ def _round_tfloat32(values: np.ndarray) -> np.ndarray:
     return np.where(finite, out, f).astype(np.float32)
 
 
+@quiet_fp
 def cast_values(values: np.ndarray, dtype: Any) -> np.ndarray:
     """Cast ``values`` to ``dtype`` with the NKI rules; returns an array of ``dtype.np``."""
     dt = to_nki_dtype(dtype)

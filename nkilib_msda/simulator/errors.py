@@ -1,23 +1,73 @@
-"""Errors raised by the NKI emulator.
+"""Errors and warnings raised by the NKI emulator (the lowest layer: imports nothing).
 
-Every violation of an enforced NKI rule raises :class:`NkiError` whose message has the form
-``"<instruction>: <rule>: <detail>"`` so tests (and users) can see which instruction broke
-which rule.
+Every violation of an enforced NKI rule raises :class:`NkiError` built by :func:`nki_error`:
+it carries the structured fields ``instruction``, ``rule`` and ``detail`` and its message
+reads ``"<instruction>: <rule>: <detail>"``, so tests and users see which instruction broke
+which rule without parsing text.
+
+Hazards (legal per AWS's hardware-tested kernels, but outside what the docs promise) are
+:class:`NkiHazardWarning`\\ s issued by :func:`hazard`; in strict mode (see docs/simulator.md,
+"Memory, hazards and strict mode") :func:`hazard` raises the equivalent NkiError instead.
 """
 
 from __future__ import annotations
 
-__all__ = ["NkiError", "NkiWarning", "nki_error"]
+import warnings
+from typing import Any
+
+__all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard"]
 
 
 class NkiError(Exception):
-    """A kernel broke an NKI rule the compiler or the hardware would reject (or hit UB)."""
+    """A kernel broke an NKI rule the compiler or the hardware would reject (or hit UB).
+
+    ``instruction``, ``rule`` and ``detail`` are the structured parts of the message (empty
+    strings when the error was raised with a free-text message only)."""
+
+    def __init__(self, message: str = "", *, instruction: str = "", rule: str = "",
+                 detail: str = "") -> None:
+        super().__init__(message)
+        self.instruction = instruction
+        self.rule = rule
+        self.detail = detail if (detail or instruction or rule) else message
+
+    def __reduce__(self) -> Any:  # keep the structured fields across pickling (threads, xdist)
+        return (_rebuild_error, (type(self), str(self), self.instruction, self.rule, self.detail))
+
+
+def _rebuild_error(cls: type, message: str, instruction: str, rule: str,
+                   detail: str) -> "NkiError":
+    return cls(message, instruction=instruction, rule=rule, detail=detail)
 
 
 class NkiWarning(UserWarning):
-    """Behaviour that is legal but suspicious (e.g. accumulate onto non-matmul PSUM data)."""
+    """Behaviour that is legal but suspicious (e.g. accumulate onto non-matmul PSUM data).
+
+    ``rule`` names the rule (empty when created from a plain message)."""
+
+    def __init__(self, message: str = "", *, instruction: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.instruction = instruction
+        self.rule = rule
+
+
+class NkiHazardWarning(NkiWarning):
+    """A hazard: accepted because AWS's hardware-tested kernels rely on it, although the docs
+    do not promise it (or describe it as undefined). Strict mode turns it into an NkiError."""
 
 
 def nki_error(instruction: str, rule: str, detail: str) -> NkiError:
-    """Build an :class:`NkiError` with the message ``f"{instruction}: {rule}: {detail}"``."""
-    return NkiError(f"{instruction}: {rule}: {detail}")
+    """The one constructor of rule errors: message ``f"{instruction}: {rule}: {detail}"``."""
+    return NkiError(f"{instruction}: {rule}: {detail}", instruction=instruction, rule=rule,
+                    detail=detail)
+
+
+def hazard(instruction: str, rule: str, detail: str, *, strict: bool,
+           stacklevel: int = 3) -> None:
+    """Report a hazard: an :class:`NkiHazardWarning` naming ``rule``, or (``strict``) raise
+    the NkiError with the same fields."""
+    if strict:
+        raise nki_error(instruction, rule, detail + " (strict mode turns this hazard into an "
+                                                    "error)")
+    warnings.warn(NkiHazardWarning(f"{instruction}: {rule}: {detail}", instruction=instruction,
+                                   rule=rule), stacklevel=stacklevel)

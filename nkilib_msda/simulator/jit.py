@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import os
 import threading
 from typing import Any, Callable
 
@@ -259,7 +260,8 @@ class _Runner:
                 raise nki_error("kernel return", "LNC outputs differ",
                                 f"program {pid} returned a different output set than program 0; "
                                 "all programs must return the same shared_hbm tensors")
-        arrays = [_to_numpy(t, i) for i, t in enumerate(tensors)]
+        with activate(contexts[0]):  # the run's strictness decides unwritten-output reads
+            arrays = [_to_numpy(t, i) for i, t in enumerate(tensors)]
         inputs.write_back()
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
@@ -270,6 +272,20 @@ class _Runner:
         return (arrays[0], report) if self.want_report else arrays[0]
 
 
+def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
+    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_SIM_STRICT."""
+    if strict is None:
+        strict = kernel.options.get("strict")
+    if strict is None:
+        strict = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    if not isinstance(strict, bool):
+        raise ValueError(f"simulate: strict must be True, False or None, got {strict!r}")
+    return strict
+
+
+STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
+
+
 def _is_abort(exc: BaseException) -> bool:
     return isinstance(exc, NkiError) and "another program failed" in str(exc)
 
@@ -277,7 +293,7 @@ def _is_abort(exc: BaseException) -> bool:
 def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
              duplicate_scatter: str = "error",
              barrier_timeout_s: float | None = None, source_rules: str = "error",
-             is_operator: str = "error") -> Callable[..., Any]:
+             is_operator: str = "error", strict: bool | None = None) -> Callable[..., Any]:
     """``simulate(kernel, lnc=1, target="trn2", report=False)(*args, **kwargs)``.
 
     - lnc: 1 or 2 logical-core programs (default: the kernel's ``kernel[lnc]``, else 1).
@@ -289,6 +305,8 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
     - source_rules: "error" (default), "warn" or "off" for the AST rules on the kernel's code
       (no neuronxcc imports, no nl.divide/mod/fmod); is_operator: the same for `is` / `is not`
       comparisons (rejected by NKI 0.3-0.6; see source_rules.py).
+    - strict: uninitialised reads and hazard warnings raise NkiError (default: the kernel's
+      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_SIM_STRICT=1``, else off).
     """
     if not isinstance(kernel, JitKernel):
         if not callable(kernel):
@@ -307,5 +325,6 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
         if mode not in SOURCE_RULE_MODES:
             raise ValueError(f"simulate: {arg} must be one of {SOURCE_RULE_MODES}, got {mode!r}")
     options = SimOptions(duplicate_scatter=duplicate_scatter, barrier_timeout_s=barrier_timeout_s,
-                         source_rules=source_rules, is_operator=is_operator)
+                         source_rules=source_rules, is_operator=is_operator,
+                         strict=_resolve_strict(strict, kernel))
     return _Runner(kernel, degree, ndim, target, report, options)

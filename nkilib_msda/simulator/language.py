@@ -93,10 +93,10 @@ def _allocate(shape: tuple[int, ...], dtype: Any, buf: str, name: str, address: 
                 raise nki_error(what, "PSUM address",
                                 f"PSUM placements must be bank-aligned ({ctx.target.psum_bank_bytes} "
                                 f"B), got address={address}")
-        # address= only places a tensor; aliasing between placed tensors is not modelled.
+        # address= places a tensor (counted as placed memory, R09); data is not aliased.
         storage = Storage(buf, shape[0] * bpp, partitions=shape[0], bytes_per_partition=bpp,
                           name=name, program_id=ctx.program_id)
-        ctx.memory.allocate(storage, buf, bpp, what)
+        ctx.memory.allocate(storage, buf, bpp, what, address=address, partitions=shape[0])
     elif buf == "shared_hbm":
         nbytes = math.prod(shape) * dt.itemsize
 

@@ -3,7 +3,8 @@
 A :class:`Storage` holds raw bytes, so any view may reinterpret them. HBM storages are linear;
 on-chip (SBUF/PSUM) storages are ``partitions x bytes_per_partition`` laid out
 partition-major. :class:`MemoryTracker` counts live on-chip bytes per partition of one program
-(a tile is live while Python references it) and raises NkiError over the target's budget.
+(a tile is live while Python references it; ``address=`` placements are counted as placed
+memory) and raises NkiError over the target's budget.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.errors import hazard, nki_error
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.targets import Target
 
@@ -75,12 +76,26 @@ class Storage:
 
 
 class MemoryTracker:
-    """Live SBUF/PSUM bytes per partition of one program, with the target's limits."""
+    """Live SBUF/PSUM bytes per partition of one program, with the target's limits.
 
-    def __init__(self, target: Target, report: CostReport) -> None:
+    A tile is live while Python references it. Tiles allocated without ``address=`` add
+    their bytes per partition. Tiles placed with ``address=(partition, byte)`` (or a byte
+    offset) occupy that byte range: tiles placed at the same range are one allocation, and
+    the placed bytes counted are the union of the live placed ranges (the allocator reuses
+    addresses; R09). Two live placed tiles whose ranges overlap without being the same
+    allocation are reported as an ``NkiHazardWarning`` "overlapping placement" (strict mode:
+    NkiError): a tile's Python lifetime can outlast its use, so the emulator cannot prove the
+    overlap is a bug. Placed tiles do not share data in the emulator.
+    """
+
+    def __init__(self, target: Target, report: CostReport, strict: bool = False) -> None:
         self.target = target
         self.report = report
+        self.strict = strict
         self.live = {"sbuf": 0, "psum": 0}
+        self._auto = {"sbuf": 0, "psum": 0}
+        # buffer -> {(p0, partitions, start, nbytes): live tile count}
+        self._placed: dict[str, dict[tuple[int, int, int, int], int]] = {"sbuf": {}, "psum": {}}
         self._lock = threading.Lock()
 
     def limit(self, buffer: str) -> int:
@@ -88,21 +103,108 @@ class MemoryTracker:
             return self.target.usable_sbuf_bytes_per_partition
         return self.target.psum_bytes_per_partition
 
+    def physical(self, buffer: str) -> int:
+        if buffer == "sbuf":
+            return self.target.sbuf_bytes_per_partition
+        return self.target.psum_bytes_per_partition
+
     def allocate(self, owner: object, buffer: str, bytes_per_partition: int,
-                 instruction: str) -> None:
-        """Reserve ``bytes_per_partition`` until ``owner`` is garbage collected."""
+                 instruction: str, address: Any = None, partitions: int = 1) -> None:
+        """Reserve ``bytes_per_partition`` (at ``address`` when given) until ``owner`` is
+        garbage collected."""
+        placement = _placement(address, instruction)
+        if placement is None:
+            self._allocate_auto(owner, buffer, bytes_per_partition, instruction)
+            return
+        p0, start = placement
+        key = (p0, int(partitions), start, int(bytes_per_partition))
+        if start + bytes_per_partition > self.physical(buffer) or start < 0:
+            raise nki_error(instruction, f"{buffer.upper()} placement",
+                            f"address={address!r} with {bytes_per_partition} B/partition ends at "
+                            f"byte {start + bytes_per_partition}, outside the "
+                            f"{self.physical(buffer)} B/partition {buffer} of {self.target.name}")
+        overlap = None
         with self._lock:
-            new_live = self.live[buffer] + bytes_per_partition
-            if new_live > self.limit(buffer):
-                raise nki_error(
-                    instruction, f"{buffer.upper()} capacity",
-                    f"allocating {bytes_per_partition} B/partition would bring live {buffer} to "
-                    f"{new_live} B/partition, over the {self.target.name} budget of "
-                    f"{self.limit(buffer)} B/partition")
-            self.live[buffer] = new_live
-            self.report.note_memory(self.live["sbuf"], self.live["psum"])
-        weakref.finalize(owner, self._release, buffer, bytes_per_partition)
+            placed = self._placed[buffer]
+            if key not in placed:
+                overlap = next((k for k in placed if _overlaps(k, key)), None)
+            self._check_capacity(buffer, instruction, self._auto[buffer],
+                                 _union_bytes(list(placed) + [key]), bytes_per_partition)
+            placed[key] = placed.get(key, 0) + 1
+            self._update(buffer)
+        if overlap is not None:
+            hazard(instruction, "overlapping placement",
+                   f"{buffer} tile at address (partition {p0}, byte {start}), {partitions} "
+                   f"partitions x {bytes_per_partition} B, overlaps the live tile at (partition "
+                   f"{overlap[0]}, byte {overlap[2]}), {overlap[1]} partitions x {overlap[3]} B "
+                   "without being the same allocation", strict=self.strict, stacklevel=4)
+        weakref.finalize(owner, self._release_placed, buffer, key)
+
+    def _allocate_auto(self, owner: object, buffer: str, nbytes: int, instruction: str) -> None:
+        with self._lock:
+            self._check_capacity(buffer, instruction, self._auto[buffer] + nbytes,
+                                 _union_bytes(self._placed[buffer]), nbytes)
+            self._auto[buffer] += nbytes
+            self._update(buffer)
+        weakref.finalize(owner, self._release, buffer, nbytes)
+
+    def _check_capacity(self, buffer: str, instruction: str, auto: int, placed: int,
+                        nbytes: int) -> None:
+        new_live = auto + placed
+        if new_live > self.limit(buffer):
+            raise nki_error(
+                instruction, f"{buffer.upper()} capacity",
+                f"allocating {nbytes} B/partition would bring live {buffer} to "
+                f"{new_live} B/partition, over the {self.target.name} budget of "
+                f"{self.limit(buffer)} B/partition")
+
+    def _update(self, buffer: str) -> None:
+        self.live[buffer] = self._auto[buffer] + _union_bytes(self._placed[buffer])
+        self.report.note_memory(self.live["sbuf"], self.live["psum"])
 
     def _release(self, buffer: str, nbytes: int) -> None:
         with self._lock:
+            self._auto[buffer] -= nbytes
             self.live[buffer] -= nbytes
+
+    def _release_placed(self, buffer: str, key: tuple[int, int, int, int]) -> None:
+        with self._lock:
+            placed = self._placed[buffer]
+            placed[key] -= 1
+            if placed[key] == 0:
+                del placed[key]
+            self.live[buffer] = self._auto[buffer] + _union_bytes(placed)
+
+
+def _placement(address: Any, instruction: str) -> tuple[int, int] | None:
+    """``address=`` as (start partition, byte offset in the partition); None when unplaced."""
+    if address is None:
+        return None
+    if isinstance(address, (int, np.integer)) and not isinstance(address, bool):
+        return 0, int(address)
+    if isinstance(address, (tuple, list)) and len(address) == 2 and all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in address):
+        return int(address[0]), int(address[1])
+    raise nki_error(instruction, "address",
+                    f"address must be a byte offset or a (partition, byte offset) pair, got "
+                    f"{address!r}")
+
+
+def _overlaps(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether two placements (p0, partitions, start, nbytes) share a byte of a partition."""
+    parts = a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+    return parts and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
+
+
+def _union_bytes(keys: Any) -> int:
+    """Bytes per partition covered by the union of the placed byte ranges (any partition)."""
+    spans = sorted((k[2], k[2] + k[3]) for k in keys)
+    total, end = 0, None
+    for lo, hi in spans:
+        if end is None or lo >= end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total

@@ -15,10 +15,11 @@ Dynamic views whose addresses depend on values in SBUF (``.ap(vector_offset=...)
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.memory import BUFFERS, HBM_BUFFERS, ON_CHIP, Storage
@@ -28,6 +29,17 @@ __all__ = ["Storage", "NkiTensor", "IndirectAccess", "DynamicAccess", "ON_CHIP",
 
 MAX_PARTITIONS = 128
 MAX_ONCHIP_FREE_LEVELS = 4  # hardware access patterns: partition pair + <= 4 free pairs
+
+
+# ``tile[...] = value`` runs instructions, which live above this layer: the instruction-level
+# implementation is installed by simulator/wrappers.py (see set_assign_handler).
+_ASSIGN_HANDLER: Callable[[Any, Any, str], None] | None = None
+
+
+def set_assign_handler(handler: Callable[[Any, Any, str], None]) -> None:
+    """Install the implementation of ``NkiTensor.__setitem__`` (dst view, value, instruction)."""
+    global _ASSIGN_HANDLER
+    _ASSIGN_HANDLER = handler
 
 
 def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -241,9 +253,10 @@ class NkiTensor(_ViewBase):
         return _index(self, key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        from nkilib_msda.simulator.access import assign
-
-        assign(self[key], value, "tensor.__setitem__")
+        if _ASSIGN_HANDLER is None:
+            raise nki_error("tensor.__setitem__", "not available",
+                            "item assignment is installed by nkilib_msda.simulator.wrappers")
+        _ASSIGN_HANDLER(self[key], value, "tensor.__setitem__")
 
     # -- view methods (0.5+) ---------------------------------------------------------------
     def _dim(self, dim: int, what: str) -> int:
@@ -446,8 +459,6 @@ class NkiTensor(_ViewBase):
 
     def indirect(self, *args: Any, **kwargs: Any) -> Any:
         """Tensor indirection: trn3-only (rejected on trn2); not modelled on trn3 either."""
-        from nkilib_msda.simulator.context import current_or_none
-
         ctx = current_or_none()
         if ctx is None or not ctx.target.is_trn3:
             raise nki_error("indirect", "trn3-only",
@@ -600,15 +611,19 @@ def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector
             raise nki_error("ap", "offset", f"inherited offset {t.offset} is not aligned to {new_dtype}")
         off = base_bytes // new_dtype.itemsize
     else:
-        off = _as_int(offset, "ap", "offset")
-        if t.offset != 0:
-            # The docs disagree ("added to", "overrides", "from tensor start"); they only agree
-            # when the receiver starts at 0, so anything else is rejected as ambiguous.
-            raise nki_error("ap", "ambiguous offset",
-                            f"explicit offset={off} on a receiver with non-zero offset {t.offset}; "
-                            "call .ap on the un-offset tensor or pass offset=None")
-        if off < 0:
-            raise nki_error("ap", "offset", f"offset must be >= 0, got {off}")
+        # R05: ``offset`` counts elements (of the access dtype) from the beginning of the
+        # receiver view, so it adds to an already-offset view's start: "the offset from the
+        # beginning of the tensor" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/
+        # nki/deep-dives/nki-aps.html); nki-library writes ``out[tile].ap(..., offset=0)`` to
+        # address tile ``tile``, which only works with this meaning.
+        rel = _as_int(offset, "ap", "offset")
+        if rel < 0:
+            raise nki_error("ap", "offset", f"offset must be >= 0, got {rel}")
+        base_bytes = t.offset * t.dtype.itemsize
+        if base_bytes % new_dtype.itemsize:
+            raise nki_error("ap", "offset", f"the receiver's offset {t.offset} ({t.dtype}) is not "
+                                            f"aligned to {new_dtype}")
+        off = base_bytes // new_dtype.itemsize + rel
     if scalar_offset is not None and vector_offset is not None:
         raise nki_error("ap", "exclusive offsets", "scalar_offset and vector_offset are exclusive")
     if vector_offset is not None:

@@ -7,13 +7,27 @@ Conservative choices where the docs are silent (also in docs/simulator.md):
 - Raw ints for enum parameters are rejected (§7a.5 "raw-int enums").
 - ``oob_mode.skip`` is only accepted when one operand is dynamic (vector_offset,
   scalar_offset or a dynamic select), for all three instructions.
-- A (P, M>1) multi-column index tile is accepted only by ``dma_transpose`` (the only
-  documented use); ``dma_copy``/``dma_compute`` need (P, 1) indices whose P equals the first
-  pattern count.
+- R08: a (P, M>1) multi-column index tile is accepted only by ``dma_transpose`` (the only
+  documented use, consumed column-major); ``dma_copy``/``dma_compute`` need (P, 1) indices
+  whose P equals the first pattern count: their multi-column order is undocumented and
+  nki-library's two uses assume opposite orders, so any choice would silently be wrong for
+  one of them.
 - Only one side of a DMA may be indirect (vector_offset).
-- Duplicate destination addresses in one scatter / scatter-RMW raise NkiError unless the
-  simulation runs with ``duplicate_scatter="last_writer_wins"``; a static destination with a
+- R07: duplicate destination addresses in one scatter / scatter-RMW race on hardware (the
+  docs promise nothing for them; dma_compute documents only ``unique_indices=True``). When
+  the outcome cannot depend on the order (every write of a duplicated element carries the
+  same bits; for a scatter-RMW, at most one non-zero contribution per element, e.g. padded
+  rows aimed at row 0 with zero data, as nki-library does) the emulator computes the
+  sequential result and issues an ``NkiHazardWarning``; conflicting duplicates raise
+  NkiError unless ``duplicate_scatter="last_writer_wins"``. A static destination with a
   stride-0 dim (two writes to one element) is always rejected.
+- R06: ``dma_compute`` scales other than 1.0 are computed (``sum(src * scale)`` in fp32)
+  with an ``NkiHazardWarning``: the page says "all values in scales must be 1.0", but AWS's
+  hardware-tested kernels pass -1.
+- R03: ``dma_transpose`` needs a 2-byte dtype only for HWDGE and indirect transposes, as the
+  page lists it; a direct transpose with ``dge_mode`` unknown takes any dtype.
+Pages: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/
+nki.isa.dma_copy.html, nki.isa.dma_transpose.html, nki.isa.dma_compute.html.
 - dma_transpose HWDGE shape rules apply when ``dge_mode=hwdge`` is requested.
 - Equal dtypes copy bits; different dtypes cast src -> fp32 -> dst with the NKI cast rules.
 """
@@ -26,9 +40,11 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
-from nkilib_msda.simulator.access import may_overlap, read, read_raw, store, write_raw
+from nkilib_msda.simulator.access import (may_overlap, read, read_raw, report_hazard, store,
+                                          write_raw)
+from nkilib_msda.simulator.alu import NkiOp
 from nkilib_msda.simulator.context import current
-from nkilib_msda.simulator.dtypes import cast_values, uint32
+from nkilib_msda.simulator.dtypes import cast_values, quiet_fp, uint32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa.enums import dge_mode as _dge_mode
 from nkilib_msda.simulator.isa.enums import engine as _engine
@@ -199,8 +215,11 @@ def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:
     idx = acc.index
     if idx.ndim != 2 or idx.shape[1] != 1:
         raise nki_error(instruction, "vector_offset shape",
-                        f"indices must be (P, 1), got {idx.shape}; a (P, M) multi-column index "
-                        "tile is documented only for dma_transpose")
+                        f"indices must be (P, 1), got {idx.shape}; a (P, M>1) multi-column index "
+                        "tile is documented only for dma_transpose (column-major); for "
+                        f"{instruction} the order in which its M columns map to rows is "
+                        "undocumented (nki-library's two uses assume opposite orders), so it is "
+                        "rejected rather than guessed: issue one (P, 1) column per instruction")
     if idx.shape[0] != acc.shape[0]:
         raise nki_error(instruction, "vector_offset shape",
                         f"the first pattern count ({acc.shape[0]}) must equal the number of "
@@ -250,7 +269,10 @@ def _resolve(instruction: str, x: Any, oob: Enum) -> _Operand:
 
 
 # -- transfer helpers ---------------------------------------------------------------------------
-def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray | None) -> None:
+def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray | None,
+                              values: np.ndarray | None = None, rmw: bool = False) -> None:
+    """Reject destinations that address an element twice (R07 duplicates: see the module doc;
+    ``values``: the data written per transferred element, when known)."""
     if dst.overlap_free:
         return
     if dst.kind == "indirect" and dst.row_extent > 0:
@@ -271,10 +293,36 @@ def _check_destination_unique(instruction: str, dst: _Operand, mask: np.ndarray 
     if np.unique(addr).size != addr.size:
         if current().options.duplicate_scatter == "last_writer_wins":
             return
+        if values is not None and _duplicates_order_free(addr, values, rmw):
+            report_hazard(instruction, "duplicate scatter indices",
+                          "several indirect rows of one scatter write the same destination "
+                          "elements; the DMA writes race on hardware, but here every outcome is "
+                          "the same (identical data / zero contributions, e.g. padded rows aimed "
+                          "at row 0), so the sequential result is kept")
+            return
         raise nki_error(instruction, "duplicate scatter indices",
-                        "two indirect rows of one scatter write the same destination elements; "
-                        "on hardware the DMA writes race and updates are lost (use unique "
-                        "indices, or simulate(..., duplicate_scatter='last_writer_wins'))")
+                        "two indirect rows of one scatter write different data to the same "
+                        "destination elements; on hardware the DMA writes race and updates are "
+                        "lost (use unique indices, or simulate(..., "
+                        "duplicate_scatter='last_writer_wins'))")
+
+
+def _duplicates_order_free(addr: np.ndarray, values: np.ndarray, rmw: bool) -> bool:
+    """Whether a scatter's result cannot depend on the order of its duplicate writes: every
+    write to a repeated address carries the same bits (copy), or at most one of them is a
+    non-zero contribution (read-modify-write add)."""
+    order = np.argsort(addr, kind="stable")
+    a = addr[order]
+    v = np.asarray(values).reshape(-1)[order]
+    starts = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+    if rmw:
+        nonzero = (v != 0).astype(np.int64)
+        return bool(np.all(np.add.reduceat(nonzero, starts) <= 1))
+    bits = v.view(np.dtype(f"u{v.dtype.itemsize}"))
+    same_as_prev = np.concatenate(([True], bits[1:] == bits[:-1]))
+    first_of_group = np.zeros(a.size, dtype=bool)
+    first_of_group[starts] = True
+    return bool(np.all(same_as_prev | first_of_group))
 
 
 def _runs_disjoint(bases: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bool:
@@ -324,6 +372,7 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
 
 
 # -- dma_copy ----------------------------------------------------------------------------------------
+@quiet_fp
 def dma_copy(dst: Any, src: Any, oob_mode: Any = _oob_mode.error, dge_mode: Any = _dge_mode.unknown,
              engine: Any = _engine.unknown, name: str | None = None) -> None:
     """``dst = src`` (equal element counts, row-major pairing) between HBM and SBUF.
@@ -369,10 +418,10 @@ def dma_copy(dst: Any, src: Any, oob_mode: Any = _oob_mode.error, dge_mode: Any 
         _account(ins, "direct", [s], d, int(values.size))
         return
     mask = _transfer_mask(s, d)
-    _check_destination_unique(ins, d, mask)
     s_addr, d_addr = s.index(mask), d.index(mask)
-    values = read_raw(s.storage, s_addr, s.dtype, ins, src.name)
-    write_raw(d.storage, d_addr, _convert(values, s.dtype, d.dtype), d.dtype, ins)
+    values = _convert(read_raw(s.storage, s_addr, s.dtype, ins, src.name), s.dtype, d.dtype)
+    _check_destination_unique(ins, d, mask, values)
+    write_raw(d.storage, d_addr, values, d.dtype, ins)
     kind = "indirect_scatter" if isinstance(dst, IndirectAccess) else (
         "indirect_gather" if isinstance(src, IndirectAccess) else "direct")
     _account(ins, kind, [s], d, int(values.size))
@@ -401,6 +450,7 @@ def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
     return values.T.reshape(-1)[:rows]
 
 
+@quiet_fp
 def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mode.unknown,
                   oob_mode: Any = _oob_mode.error, name: str | None = None) -> None:
     """``dst = src.transpose(axes)`` for 2-byte dtypes into SBUF; ``src`` may be an indirect
@@ -414,9 +464,13 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mod
         raise nki_error(ins, "dst buffer", f"dst must be a static SBUF tensor, got {dst!r}")
     if src.dtype != dst.dtype:
         raise nki_error(ins, "dtype agreement", f"src {src.dtype} != dst {dst.dtype}")
-    if src.dtype.itemsize != 2:
+    indirect = isinstance(src, IndirectAccess)
+    if src.dtype.itemsize != 2 and (indirect or dge is _dge_mode.hwdge):
+        # R03: the page lists "src.dtype is 2 bytes" under the HWDGE and the indirect
+        # constraints only; a direct transpose (dge_mode unknown) takes any dtype.
         raise nki_error(ins, "2-byte dtype",
-                        f"dma_transpose supports 2-byte dtypes (bfloat16, float16), got {src.dtype}")
+                        f"{'an indirect' if indirect else 'a HWDGE'} dma_transpose needs a 2-byte "
+                        f"dtype (bfloat16, float16), got {src.dtype}")
     rank = len(src.shape)
     if rank not in _TRANSPOSE_AXES:
         raise nki_error(ins, "rank", f"src must be 2-D, 3-D or 4-D, got {src.shape}")
@@ -427,7 +481,6 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mod
     out_shape = tuple(src.shape[a] for a in axes_t)
     if tuple(dst.shape) != out_shape:
         raise nki_error(ins, "dst shape", f"dst.shape {dst.shape} != permuted src.shape {out_shape}")
-    indirect = isinstance(src, IndirectAccess)
     dynamic = indirect or isinstance(src, DynamicAccess)
     if oob is _oob_mode.skip and not dynamic:
         raise nki_error(ins, "oob_mode.skip without indirection",
@@ -471,8 +524,6 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mod
 
 # -- dma_compute -----------------------------------------------------------------------------------
 def _is_add(op: Any) -> bool:
-    from nkilib_msda.simulator.alu import NkiOp
-
     return isinstance(op, NkiOp) and op.name == "add"
 
 
@@ -482,6 +533,45 @@ def _same_static(a: Any, b: Any) -> bool:
             and a.dtype == b.dtype)
 
 
+def _scales(ins: str, scales: Any, n: int) -> list[np.float32]:
+    """One fp32 factor per source. The page: "all values in scales must be 1.0"; AWS's
+    hardware-tested MSDA backward passes -1, so other values are computed with a hazard
+    warning (R06) instead of being rejected."""
+    if scales is None:
+        return [np.float32(1.0)] * n
+    if not isinstance(scales, (list, tuple)) or len(scales) != n or any(
+            isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+            for v in scales):
+        raise nki_error(ins, "scales", f"scales must be None or one number per source ({n}), "
+                                       f"got {scales!r}")
+    factors = [np.float32(v) for v in scales]
+    if any(f != 1.0 for f in factors):
+        report_hazard(ins, "scales must be 1.0",
+                      f"scales={list(scales)!r}: the dma_compute page says all scales must be 1.0 "
+                      "(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/"
+                      "nki.isa.dma_compute.html); computed as sum(src * scale) in fp32")
+    return factors
+
+
+def _scatter_add(ins: str, d: _Operand, d_addr: Any, add: np.ndarray, old_factor: Any,
+                 name: str) -> None:
+    """``dst[addr] = dst[addr] * old_factor + add`` with repeated addresses accumulated
+    sequentially (accepted duplicates: see _check_destination_unique)."""
+    if isinstance(d_addr, slice) or np.unique(d_addr).size == d_addr.size:
+        old = read_raw(d.storage, d_addr, d.dtype, ins, name).astype(np.float32)
+        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype)
+        return
+    if current().options.duplicate_scatter == "last_writer_wins":  # emulate the race
+        old = read_raw(d.storage, d_addr, d.dtype, ins, name).astype(np.float32)
+        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype)
+        return
+    uniq, inverse = np.unique(d_addr, return_inverse=True)
+    acc = read_raw(d.storage, uniq, d.dtype, ins, name).astype(np.float32) * old_factor
+    np.add.at(acc, inverse.reshape(-1), add.reshape(-1))
+    write_raw(d.storage, uniq, cast_values(acc, d.dtype), d.dtype)
+
+
+@quiet_fp
 def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
                 unique_indices: bool = True, oob_mode: Any = _oob_mode.error,
                 name: str | None = None) -> None:
@@ -499,12 +589,7 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
                         f"{len(srcs)} sources; dma_compute takes 1 to {MAX_DMA_COMPUTE_SOURCES}")
     if not _is_add(reduce_op):
         raise nki_error(ins, "reduce_op", f"reduce_op must be nl.add, got {reduce_op!r}")
-    if scales is not None:
-        if not isinstance(scales, (list, tuple)) or len(scales) != len(srcs) or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != 1.0
-                for v in scales):
-            raise nki_error(ins, "scales", f"scales must be None or all 1.0 (one per source), "
-                                           f"got {scales!r}")
+    factors = _scales(ins, scales, len(srcs))
     if unique_indices is not True:
         raise nki_error(ins, "unique_indices",
                         "unique_indices must be True (non-unique indices are not supported)")
@@ -530,12 +615,12 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
         d = _resolve(ins, dst, oob)
         data = _resolve(ins, srcs[1], oob)
         mask = _transfer_mask(d, data)
-        _check_destination_unique(ins, d, mask)
         d_addr, s_addr = d.index(mask), data.index(mask)
-        old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
         add = read_raw(data.storage, s_addr, data.dtype, ins, srcs[1].name).astype(np.float32)
-        write_raw(d.storage, d_addr, cast_values(old + add, d.dtype), d.dtype)
-        _account(ins, "indirect_rmw", [data, d], d, int(old.size), "sbuf_to_hbm")
+        add = add * factors[1]
+        _check_destination_unique(ins, d, mask, add, rmw=True)
+        _scatter_add(ins, d, d_addr, add, factors[0], dst.name)
+        _account(ins, "indirect_rmw", [data, d], d, int(add.size), "sbuf_to_hbm")
         return
     if indirect_srcs:
         if len(srcs) != 2 or indirect_srcs != [0] or not _same_static(srcs[1], dst) \
@@ -549,7 +634,8 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
         _check_destination_unique(ins, d, None)
         old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
         add = read_raw(g.storage, g_addr, g.dtype, ins, srcs[0].name).astype(np.float32)
-        write_raw(d.storage, d_addr, cast_values(old + add, d.dtype), d.dtype)
+        total = add * factors[0] + old * factors[1]
+        write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)
         _account(ins, "indirect_rmw", [g, d], d, int(old.size), "hbm_to_sbuf")
         return
     resolved = [_resolve(ins, s, oob) for s in srcs]
@@ -558,8 +644,9 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
     _check_destination_unique(ins, d, mask)
     d_addr = d.index(mask)
     total = None
-    for s, src in zip(resolved, srcs):
+    for s, src, factor in zip(resolved, srcs, factors):
         values = read_raw(s.storage, s.index(mask), s.dtype, ins, src.name).astype(np.float32)
+        values = values * factor if factor != 1.0 else values
         total = values if total is None else total + values
     total = cast(np.ndarray, total)  # srcs is non-empty
     write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)

@@ -17,7 +17,7 @@ import numpy as np
 
 from nkilib_msda.simulator import access
 from nkilib_msda.simulator.alu import NkiOp, equal
-from nkilib_msda.simulator.dtypes import uint32
+from nkilib_msda.simulator.dtypes import quiet_fp, uint32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
 
@@ -77,6 +77,7 @@ def _affine_values(instr: str, pattern: Any, offset: Any, channel_multiplier: An
     return (values + 2 ** 31) % 2 ** 32 - 2 ** 31  # int32 wrap-around
 
 
+@quiet_fp
 def iota(dst: Any, pattern: Any, offset: Any = 0, channel_multiplier: Any = 0,
          name: str | None = None) -> None:
     """GpSimd: ``dst[p, i...] = offset + p * channel_multiplier + sum(step * i)`` (int32,
@@ -91,6 +92,7 @@ def iota(dst: Any, pattern: Any, offset: Any = 0, channel_multiplier: Any = 0,
     ops.record("gpsimd", "iota", dst.size)
 
 
+@quiet_fp
 def affine_select(dst: Any, pattern: Any, channel_multiplier: Any, on_true_tile: Any,
                   on_false_value: Any, cmp_op: Any = equal, offset: Any = 0,
                   name: str | None = None) -> None:
@@ -122,6 +124,7 @@ def affine_select(dst: Any, pattern: Any, channel_multiplier: Any, on_true_tile:
     ops.record("gpsimd", "affine_select", dst.size)
 
 
+@quiet_fp
 def nc_n_gather(dst: Any, data: Any, indices: Any, name: str | None = None) -> None:
     """GpSimd per-partition gather: ``dst[p, j] = data_flat[p, indices_flat[p, j]]``
     (uint32 indices into the flattened free dims; dtype preserved bit-exactly)."""

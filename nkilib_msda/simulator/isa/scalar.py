@@ -20,9 +20,11 @@ import numpy as np
 
 from nkilib_msda.simulator import access
 from nkilib_msda.simulator.alu import NkiOp, add, warn_out_of_range
-from nkilib_msda.simulator.dtypes import tfloat32
+from nkilib_msda.simulator.dtypes import quiet_fp, tfloat32
+from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
+from nkilib_msda.simulator.isa.enums import reduce_cmd as _reduce_cmd
 
 __all__ = ["activation", "activation_reduce", "activate2", "exponential"]
 
@@ -35,6 +37,7 @@ def _activation_op(instr: str, op: Any) -> NkiOp:
     return op
 
 
+@quiet_fp
 def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0,
                reduce_op: Any = None, reduce_res: Any = None, reduce_cmd: Any = None,
                name: str | None = None) -> None:
@@ -101,20 +104,17 @@ def _reduce_cmd_name(instr: str, reduce_cmd: Any) -> str:
     return name
 
 
+@quiet_fp
 def activation_reduce(dst: Any, op: Any, data: Any, reduce_op: Any, reduce_res: Any,
                       bias: Any = None, scale: Any = 1.0, name: str | None = None) -> None:
     """``activation`` with ``reduce_cmd=reset_reduce``: ``reduce_res = sum(op(...), free)``."""
-    from nkilib_msda.simulator.isa.enums import reduce_cmd
-
     activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op,
-               reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, name=name)
+               reduce_res=reduce_res, reduce_cmd=_reduce_cmd.reset_reduce, name=name)
 
 
 
 def _trn3_only(instr: str) -> None:
     """Instructions that exist only on NeuronCore-v4 (trn3) and are not modelled here."""
-    from nkilib_msda.simulator.context import current
-
     target = current().target
     if not target.is_trn3:
         raise nki_error(instr, "trn3-only instruction",

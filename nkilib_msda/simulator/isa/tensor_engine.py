@@ -23,7 +23,7 @@ import numpy as np
 from nkilib_msda.simulator import access
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2,
-                                          float16, float32, tfloat32)
+                                          float16, float32, quiet_fp, tfloat32)
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
 
@@ -92,6 +92,7 @@ def _check_tiling(instr: str, tile_position: Any, tile_size: Any, k: int, m: int
                         f"stationary [{k}, {m}] does not fit the [{rows}, {cols}] PE tile")
 
 
+@quiet_fp
 def nc_matmul(dst: Any, stationary: Any, moving: Any, is_stationary_onezero: bool = False,
               is_moving_onezero: bool = False, is_transpose: bool = False,
               accumulate: Any = None, tile_position: Any = (), tile_size: Any = (),
@@ -187,6 +188,7 @@ def _transpose_product(instr: str, stationary: Any, moving: Any, k: int, m: int,
     return data[rows, :].T.copy()  # dst[m, j] = stationary[rows[j], m]
 
 
+@quiet_fp
 def nc_transpose(dst: Any, data: Any, engine: Any = None, name: str | None = None) -> None:
     """Swap the partition dim and the flattened free dims of ``data`` (same dtype, bit-exact).
 

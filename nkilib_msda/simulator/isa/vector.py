@@ -21,7 +21,8 @@ from nkilib_msda.simulator.alu import (BITVEC, NkiOp, add, logical_and, logical_
                                        logical_xor, maximum, minimum, multiply, power,
                                        resolve_alu, rsqrt, subtract)
 from nkilib_msda.simulator.context import current
-from nkilib_msda.simulator.dtypes import bool_, int8, int16, tfloat32, uint8, uint16, uint32
+from nkilib_msda.simulator.dtypes import (bool_, int8, int16, quiet_fp, tfloat32, uint8, uint16,
+                                          uint32)
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
 
@@ -61,6 +62,7 @@ def _check_unary_operand(instruction: str, op: NkiOp, operand: Any, arg: str) ->
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def tensor_tensor(dst: Any, data1: Any, data2: Any, op: Any, engine: Any = None,
                   name: str | None = None) -> None:
     """``dst = data1 op data2`` element-wise; equal partitions and elements per partition."""
@@ -113,6 +115,7 @@ def tensor_tensor(dst: Any, data1: Any, data2: Any, op: Any, engine: Any = None,
 _SCALAR_ENGINE_TRN2_PAIRS = {("multiply", "add"), ("multiply", None), ("add", None)}
 
 
+@quiet_fp
 def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool = False,
                   op1: Any = None, operand1: Any = None, reverse1: bool = False,
                   engine: Any = None, name: str | None = None) -> None:
@@ -197,6 +200,7 @@ def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool =
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def scalar_tensor_tensor(dst: Any, data: Any, op0: Any, operand0: Any, op1: Any, operand1: Any,
                          reverse0: bool = False, reverse1: bool = False,
                          name: str | None = None) -> None:
@@ -234,6 +238,7 @@ def scalar_tensor_tensor(dst: Any, data: Any, op0: Any, operand0: Any, op1: Any,
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def tensor_copy(dst: Any, src: Any, engine: Any = None, name: str | None = None) -> None:
     """``dst = src`` on-chip. Vector/GpSimd copy bits when dtypes match, else cast via fp32
     (float -> int: round-to-nearest-even, saturating). ScalarE always goes through fp32."""
@@ -260,6 +265,7 @@ def tensor_copy(dst: Any, src: Any, engine: Any = None, name: str | None = None)
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def memset(dst: Any, value: Any, engine: Any = None, name: str | None = None) -> None:
     """Fill ``dst`` with the immediate ``value``; an int tile needs an int literal."""
     instr = "memset"
@@ -332,6 +338,7 @@ def _fold(op: NkiOp, x: np.ndarray) -> np.ndarray:
     raise AssertionError(op)
 
 
+@quiet_fp
 def tensor_reduce(dst: Any, op: Any, data: Any, axis: Any, negate: bool = False,
                   keepdims: bool = False, name: str | None = None) -> None:
     """Vector reduction of the trailing free ``axis`` dims of ``data`` with ``op``.
@@ -374,6 +381,7 @@ def tensor_reduce(dst: Any, op: Any, data: Any, axis: Any, negate: bool = False,
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def reciprocal(dst: Any, data: Any, name: str | None = None) -> None:
     """Vector ``dst = 1 / data`` in fp32 (exact division, unlike activation(nl.reciprocal))."""
     instr = "reciprocal"
@@ -402,6 +410,7 @@ def _predicate(instr: str, predicate: Any, allowed: Sequence[Any], p: int,
     return ~mask if reverse else mask
 
 
+@quiet_fp
 def tensor_copy_predicated(dst: Any, src: Any, predicate: Any, reverse_pred: bool = False,
                            name: str | None = None) -> None:
     """Vector: ``dst = src`` where ``predicate != 0`` (``== 0`` with reverse_pred); other
@@ -428,6 +437,7 @@ def tensor_copy_predicated(dst: Any, src: Any, predicate: Any, reverse_pred: boo
     ops.record("vector", "tensor_copy_predicated", dst.size)
 
 
+@quiet_fp
 def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_res: Any = None,
                   reduce_cmd: Any = None, reduce_op: Any = maximum, reverse_pred: bool = False,
                   name: str | None = None) -> None:
@@ -476,6 +486,7 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
 
 
 # ------------------------------------------------------------------------------------------
+@quiet_fp
 def tensor_tensor_scan(dst: Any, data0: Any, data1: Any, initial: Any, op0: Any, op1: Any,
                        reverse0: bool = False, reverse1: bool = False,
                        name: str | None = None) -> None:
@@ -513,6 +524,7 @@ def tensor_tensor_scan(dst: Any, data0: Any, data1: Any, initial: Any, op0: Any,
 _REDUCE_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
 
 
+@quiet_fp
 def tensor_scalar_reduce(dst: Any, data: Any, op0: Any, operand0: Any, reduce_op: Any,
                          reduce_res: Any = None, reverse0: bool = False, reduce_cmd: Any = None,
                          reduce_init: Any = None, name: str | None = None) -> None:
