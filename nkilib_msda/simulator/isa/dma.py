@@ -634,8 +634,8 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
         _check_destination_unique(ins, d, None)
         old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
         add = read_raw(g.storage, g_addr, g.dtype, ins, srcs[0].name).astype(np.float32)
-        total = add * factors[0] + old * factors[1]
-        write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)
+        summed = add * factors[0] + old * factors[1]
+        write_raw(d.storage, d_addr, cast_values(summed, d.dtype), d.dtype)
         _account(ins, "indirect_rmw", [g, d], d, int(old.size), "hbm_to_sbuf")
         return
     resolved = [_resolve(ins, s, oob) for s in srcs]
