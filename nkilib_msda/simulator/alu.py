@@ -42,7 +42,6 @@ beats an int one, then the wider one, then x's); comparisons default to ``nl.uin
 
 from __future__ import annotations
 
-import builtins as _builtins
 import math as _math
 import warnings as _warnings
 from typing import Any, Callable
@@ -219,9 +218,10 @@ def warn_out_of_range(op: NkiOp, x: np.ndarray) -> None:
     warned.add(op.name)
     lo, hi, symmetric = op.valid_range  # type: ignore[misc]
     rng = f"+-[{lo:g}, {hi:g}]" if symmetric else f"[{lo:g}, {hi:g}]"
-    _warnings.warn(f"activation: valid input range: {op!r} is only valid on {rng}; the "
-                   "hardware returns garbage outside it (the emulator returns the exact "
-                   "value)", NkiWarning, stacklevel=3)
+    _warnings.warn(NkiWarning(f"activation: valid input range: {op!r} is only valid on {rng}; "
+                              "the hardware returns garbage outside it (the emulator returns "
+                              "the exact value)", instruction="activation",
+                              rule="valid input range"), stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------

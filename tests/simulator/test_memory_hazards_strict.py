@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from nkilib_msda.simulator import NkiError, nisa, nki, nl, simulate
+from nkilib_msda.simulator import NkiError, nisa, nki, nl
 from nkilib_msda.simulator.errors import NkiHazardWarning, nki_error
 from nkilib_msda.simulator.jit import STRICT_ENV
 
