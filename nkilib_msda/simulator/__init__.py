@@ -11,7 +11,7 @@ from typing import Any
 from nkilib_msda.simulator import isa as nisa
 from nkilib_msda.simulator import language as nl
 from nkilib_msda.simulator import wrappers as _wrappers  # noqa: F401  (installs nl tile functions)
-from nkilib_msda.simulator.errors import NkiError, NkiWarning, nki_error
+from nkilib_msda.simulator.errors import NkiError, NkiHazardWarning, NkiWarning, nki_error
 from nkilib_msda.simulator.jit import JitKernel, jit, simulate
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.tensor import NkiTensor
@@ -38,4 +38,5 @@ nki.tensor = NkiTensor
 nki.__version__ = __version__
 
 __all__ = ["nki", "nl", "nisa", "simulate", "jit", "JitKernel", "NkiError", "NkiWarning",
+           "NkiHazardWarning",
            "nki_error", "CostReport", "NkiTensor"]

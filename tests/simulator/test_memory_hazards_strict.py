@@ -287,3 +287,29 @@ def test_placement_outside_the_partition_is_rejected():
 
     with raises_rule("ndarray", "SBUF placement"):
         in_kernel(body, np.zeros((1, 1), np.float32))
+
+
+def test_dma_compute_scales_apply_per_source_in_both_rmw_forms():
+    g = RNG.standard_normal((6, 4)).astype(np.float32)
+    data = RNG.standard_normal((3, 4)).astype(np.float32)
+    idx = np.array([[5], [0], [2]], np.int32)
+
+    def scatter(out, d, ix):
+        acc = out.ap([[4, 3], [1, 4]], vector_offset=_load(ix))
+        nisa.dma_compute(dst=acc, srcs=[acc, _load(d)], reduce_op=nl.add, scales=[1.0, -1.0])
+        return out
+
+    def gather(src, d, ix):
+        t = _load(d)
+        nisa.dma_compute(dst=t, srcs=[src.ap([[4, 3], [1, 4]], vector_offset=_load(ix)), t],
+                         reduce_op=nl.add, scales=[-2.0, 1.0])
+        return _store(t)
+
+    expected = g.copy()
+    expected[idx[:, 0]] -= data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NkiHazardWarning)
+        np.testing.assert_array_equal(in_kernel(scatter, g.copy(), data, idx, strict=False),
+                                      expected)
+        np.testing.assert_array_equal(in_kernel(gather, g, data, idx, strict=False),
+                                      data - 2.0 * g[idx[:, 0]])
