@@ -6,6 +6,9 @@ en/latest/nki/api/generated/):
 - nki.isa.tensor_reduce.html: reduction of the free axes given by ``axis``.
 - nki.isa.tensor_copy.html: copy with the dtype cast of the destination.
 - nki.isa.memset.html: fill with a constant.
+- nki.isa.tensor_copy_predicated.html: where the (uint8/16/32) predicate is true, copy src
+  (a tile or a scalar) into dst; elsewhere dst is unmodified.
+- nki.isa.tensor_copy.html: equal dtypes copy bit-accurately (e.g. int32 values above 2**24).
 """
 
 import numpy as np
@@ -78,3 +81,29 @@ def test_tensor_copy_casts_and_memset_fills():
     i, m = run(body, a)
     np.testing.assert_array_equal(i, np.rint(a).astype(np.int32))
     assert (m == -2.5).all()
+
+
+def test_tensor_copy_predicated_keeps_dst_where_false():
+    a = RNG.standard_normal((8, 6)).astype(np.float32)
+    pred = (RNG.random((8, 6)) < 0.5).astype(np.uint8)
+
+    def body(h, hp):
+        src, p = load(h), load(hp)
+        d = nl.ndarray((8, 6), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=d, value=7.0)
+        nisa.tensor_copy_predicated(dst=d, src=src, predicate=p)
+        return store(d)
+
+    np.testing.assert_array_equal(run(body, a, pred), np.where(pred != 0, a, np.float32(7.0)))
+
+
+def test_tensor_copy_same_dtype_is_bit_accurate():
+    big = (np.arange(48, dtype=np.int64).reshape(8, 6) + 2**24 + 1).astype(np.int32)
+
+    def body(h):
+        x = load(h)
+        d = nl.ndarray((8, 6), nl.int32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=d, src=x)
+        return store(d)
+
+    np.testing.assert_array_equal(run(body, big), big)  # not representable in fp32
