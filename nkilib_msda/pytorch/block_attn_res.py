@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nkilib_msda._env import env_choice
+from nkilib_msda.backends import BACKEND_NAMES
 from nkilib_msda.experimental.block_attn_res.validation import (
     KERNEL_DTYPES, validate_block_attn_res_args, validate_block_attn_res_backward_args)
 from nkilib_msda.validation import dtype_name
@@ -50,7 +52,7 @@ def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype
                          f"{backend!r} path for Block AttnRes), got {backend!r}")
     name = backend if explicit else None
     if name is None:
-        env = os.environ.get(BACKEND_ENV_VAR, "").strip().lower()
+        env = env_choice(BACKEND_ENV_VAR, ("auto", *BACKEND_NAMES))
         # MSDA-only choices (e.g. "triton") select by device here.
         name = env if env in BACKENDS else ("nki" if device.type in _NEURON_DEVICE_TYPES else "reference")
         explicit = env in BACKENDS
