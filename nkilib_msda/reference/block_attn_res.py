@@ -1,4 +1,4 @@
-"""NumPy float64 reference for Block Attention Residuals (block-attn-res.md section 3).
+"""NumPy float64 reference for Block Attention Residuals (math: docs/block_attn_res.md).
 
 Layouts: ``blocks`` is a sequence of N arrays [B, T, D]; with ``partial_block`` [B, T, D] the
 sources are the N blocks followed by the partial sum (L = N + 1), otherwise L = N. ``proj_weight``
@@ -39,8 +39,14 @@ def _scores(v: np.ndarray, w: np.ndarray, gamma: np.ndarray | None, scale: float
     if enable_rmsnorm:
         if gamma is None:
             raise ValueError("rmsnorm_gamma: required when enable_rmsnorm=True, got None")
-        r = np.sqrt(np.mean(v * v, axis=-1) + eps)
-        x_hat = v / r[..., None]
+        # Scale by m = max(max|v|, 1) before squaring so that no finite input overflows (float64
+        # squares overflow only above 1.3e154, but the oracle should not have a range limit).
+        # Underflow of tiny terms is exact enough and must not warn (or raise under np.seterr).
+        with np.errstate(under="ignore"):
+            m = np.maximum(np.max(np.abs(v), axis=-1), 1.0)
+            vs = v / m[..., None]
+            r = m * np.sqrt(np.mean(vs * vs, axis=-1) + eps / m / m)
+            x_hat = v / r[..., None]
         u = scale * gamma * w
         return x_hat @ u, r, x_hat, u
     u = scale * w

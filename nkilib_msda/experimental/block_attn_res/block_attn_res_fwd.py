@@ -67,13 +67,30 @@ class _Tiles:
             setattr(self, name, nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name=name))
 
 
+# v^2 overflows fp32 for |v| > 1.8e19, so with RMSNorm each (token, source) row is scaled by
+# c = 1 / s, s = max(sum_d |v| * 2^-24, 1), before squaring: (c v)^2 and c v.u stay finite for
+# any finite v and D < 2^24, and c = 1 (the unscaled math) whenever sum |v| < 2^24.
+# (docs/block_attn_res.md, "Numerical range"; activation scale/reduce semantics:
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.activation.html)
+_L1_SCALE = 2.0 ** -24
+
+
 def _source_stats(t: _Tiles, v: Any, rows: int, l: int, enable_rmsnorm: bool) -> None:
-    """sumsq[:, l] = sum_d v^2 (ScalarE) and dot[:, l] = v . u (VectorE product, ScalarE sum)."""
+    """Without RMSNorm dot[:, l] = v . u; with it mean_sq[:, l] = s, rinv[:, l] = c,
+    sumsq[:, l] = sum_d (c v)^2 and dot[:, l] = c v . u (ScalarE sums, VectorE products)."""
     prod = t.product[0:rows]
     if enable_rmsnorm:
-        nisa.activation(dst=prod, op=nl.square, data=v, reduce_op=nl.add,
+        s_col, c_col = t.mean_sq[0:rows, l:l + 1], t.rinv[0:rows, l:l + 1]
+        nisa.activation(dst=prod, op=nl.abs, data=v, scale=_L1_SCALE, reduce_op=nl.add,
+                        reduce_res=s_col, reduce_cmd=_RESET_REDUCE)
+        nisa.tensor_scalar(dst=s_col, data=s_col, op0=nl.maximum, operand0=1.0)
+        nisa.reciprocal(dst=c_col, data=s_col)
+        nisa.activation(dst=prod, op=nl.square, data=v, scale=c_col, reduce_op=nl.add,
                         reduce_res=t.sumsq[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
-    nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply)
+        nisa.scalar_tensor_tensor(dst=prod, data=v, op0=nl.multiply, operand0=c_col,
+                                  op1=nl.multiply, operand1=t.u[0:rows])
+    else:
+        nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply)
     nisa.activation(dst=prod, op=nl.copy, data=prod, reduce_op=nl.add,
                     reduce_res=t.dot[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
 
@@ -84,12 +101,18 @@ def _scores(t: _Tiles, rows: int, cols: slice, dim: int, eps: float, enable_rmsn
     if not enable_rmsnorm:
         nisa.tensor_copy(dst=z, src=dot)
         return
-    rms, rinv = t.rms[0:rows, cols], t.rinv[0:rows, cols]
-    nisa.tensor_scalar(dst=t.mean_sq[0:rows, cols], data=t.sumsq[0:rows, cols], op0=nl.multiply,
-                       operand0=1.0 / dim, op1=nl.add, operand1=float(eps))
-    nisa.activation(dst=rms, op=nl.sqrt, data=t.mean_sq[0:rows, cols])
-    nisa.reciprocal(dst=rinv, data=rms)
+    # Scaled rows (_source_stats): c r = sqrt(mean (c v)^2 + eps c^2), z = (c v.u) / (c r),
+    # r = (c r) * s. e and alpha of these columns are free scratch until the softmax writes them.
+    rms, rinv, s_cols = t.rms[0:rows, cols], t.rinv[0:rows, cols], t.mean_sq[0:rows, cols]
+    c_sq, cr = t.e[0:rows, cols], t.alpha[0:rows, cols]
+    nisa.tensor_tensor(dst=c_sq, data1=rinv, data2=rinv, op=nl.multiply)
+    nisa.tensor_scalar(dst=cr, data=t.sumsq[0:rows, cols], op0=nl.multiply, operand0=1.0 / dim)
+    nisa.scalar_tensor_tensor(dst=cr, data=c_sq, op0=nl.multiply, operand0=float(eps),
+                              op1=nl.add, operand1=cr)
+    nisa.activation(dst=cr, op=nl.sqrt, data=cr)
+    nisa.reciprocal(dst=rinv, data=cr)
     nisa.tensor_tensor(dst=z, data1=dot, data2=rinv, op=nl.multiply)
+    nisa.tensor_tensor(dst=rms, data1=cr, data2=s_cols, op=nl.multiply)
 
 
 def _softmax(t: _Tiles, rows: int) -> None:
