@@ -68,29 +68,46 @@ class _Tiles:
 
 
 # v^2 overflows fp32 for |v| > 1.8e19, so with RMSNorm each (token, source) row is scaled by
-# c = 1 / s, s = max(sum_d |v| * 2^-24, 1), before squaring: (c v)^2 and c v.u stay finite for
-# any finite v and D < 2^24, and c = 1 (the unscaled math) whenever sum |v| < 2^24.
-# (docs/block_attn_res.md, "Numerical range"; activation scale/reduce semantics:
-# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.activation.html)
+# c = 1 / s, s = max(sum_d |v| * 2^-24, 1), before squaring and summing: (c v)^2 and c (v . u)
+# stay finite for any finite v (D < 2^24) as long as each product v_d u_d is finite, and c = 1
+# (the unscaled math) whenever sum |v| < 2^24. The extra pass (|v|) goes to ScalarE and the
+# product v * u moves to the otherwise idle GpSimd, so ScalarE and VectorE keep two passes
+# over v each (docs/block_attn_res.md, "Numerical range"). Semantics of activation's scale and
+# reduction, of tensor_tensor's engine and of tensor_scalar_reduce:
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.activation.html
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_tensor.html
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_scalar_reduce.html
 _L1_SCALE = 2.0 ** -24
 
 
+def _source_scale(t: _Tiles, v: Any, rows: int, l: int) -> None:
+    """mean_sq[:, l] = sum_d |v| * 2^-24 (ScalarE); _group_scale turns it into s and c."""
+    nisa.activation(dst=t.product[0:rows], op=nl.abs, data=v, scale=_L1_SCALE, reduce_op=nl.add,
+                    reduce_res=t.mean_sq[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
+
+
+def _group_scale(t: _Tiles, rows: int, cols: slice) -> None:
+    """s = max(mean_sq, 1) in mean_sq and c = 1 / s in rinv, for a group's sources at once."""
+    s_cols = t.mean_sq[0:rows, cols]
+    nisa.tensor_scalar(dst=s_cols, data=s_cols, op0=nl.maximum, operand0=1.0)
+    nisa.reciprocal(dst=t.rinv[0:rows, cols], data=s_cols)
+
+
 def _source_stats(t: _Tiles, v: Any, rows: int, l: int, enable_rmsnorm: bool) -> None:
-    """Without RMSNorm dot[:, l] = v . u; with it mean_sq[:, l] = s, rinv[:, l] = c,
-    sumsq[:, l] = sum_d (c v)^2 and dot[:, l] = c v . u (ScalarE sums, VectorE products)."""
+    """Without RMSNorm dot[:, l] = v . u (VectorE product, ScalarE sum). With it (after
+    _group_scale) sumsq[:, l] = sum_d (c v)^2 (ScalarE) and dot[:, l] = c (v . u) (GpSimd
+    product, VectorE scaled sum)."""
     prod = t.product[0:rows]
     if enable_rmsnorm:
-        s_col, c_col = t.mean_sq[0:rows, l:l + 1], t.rinv[0:rows, l:l + 1]
-        nisa.activation(dst=prod, op=nl.abs, data=v, scale=_L1_SCALE, reduce_op=nl.add,
-                        reduce_res=s_col, reduce_cmd=_RESET_REDUCE)
-        nisa.tensor_scalar(dst=s_col, data=s_col, op0=nl.maximum, operand0=1.0)
-        nisa.reciprocal(dst=c_col, data=s_col)
+        c_col = t.rinv[0:rows, l:l + 1]
         nisa.activation(dst=prod, op=nl.square, data=v, scale=c_col, reduce_op=nl.add,
                         reduce_res=t.sumsq[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
-        nisa.scalar_tensor_tensor(dst=prod, data=v, op0=nl.multiply, operand0=c_col,
-                                  op1=nl.multiply, operand1=t.u[0:rows])
-    else:
-        nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply)
+        nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        nisa.tensor_scalar_reduce(dst=prod, data=prod, op0=nl.multiply, operand0=c_col,
+                                  reduce_op=nl.add, reduce_res=t.dot[0:rows, l:l + 1])
+        return
+    nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply)
     nisa.activation(dst=prod, op=nl.copy, data=prod, reduce_op=nl.add,
                     reduce_res=t.dot[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
 
@@ -170,9 +187,13 @@ def _forward_tile(t: _Tiles, values: Any, plan: ForwardPlan, h_tile: Any, row0: 
         slab = t.values[slab_counter[0] % plan.buffers]
         slab_counter[0] += 1
         _load_group(t, values, plan, slab, first, count, row0, rows)
+        cols = slice(first, first + count)
+        if plan.enable_rmsnorm:
+            for j in range(count):
+                _source_scale(t, slab[0:rows, j, :], rows, first + j)
+            _group_scale(t, rows, cols)
         for j in range(count):
             _source_stats(t, slab[0:rows, j, :], rows, first + j, plan.enable_rmsnorm)
-        cols = slice(first, first + count)
         _scores(t, rows, cols, dim, eps, plan.enable_rmsnorm)
         if single:
             _softmax(t, rows)
