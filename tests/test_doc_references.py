@@ -105,10 +105,9 @@ def _findings() -> dict[str, list[str]]:
             for pattern in FORBIDDEN:
                 for m in pattern.finditer(line):
                     found["forbidden"].append(f"{where}: {m.group(0)}")
-            for m in MD_REF.finditer(line):
-                if _is_url(line, m.start()):
-                    continue
-                ref, anchor = m.group(1), m.group(2)
+            refs = {(m.group(1), m.group(2)) for m in MD_REF.finditer(line)
+                    if not _is_url(line, m.start())}  # `[a.md](a.md)` counts once
+            for ref, anchor in sorted(refs, key=str):
                 if ref in GENERATED_OUTPUTS or any(p.search(ref) for p in FORBIDDEN):
                     continue  # reported above
                 target = _resolve(path, ref)
