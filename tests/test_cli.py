@@ -78,3 +78,16 @@ def test_check_help_describes_every_preset_with_a_time():
     for name in PRESETS:
         row = f"{name} {PRESET_EMULATOR_TIME[name]} {PRESET_DESCRIPTIONS[name]}"
         assert row in text, row
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"preset": "nope"}, "preset: expected one of"),
+    ({"lnc": 3}, "lnc: expected 1 or 2, got 3"),
+    ({"seed": -1}, "seed: expected a non-negative integer, got -1"),
+    ({"preset": "tiny", "dtype": "float8"}, "dtype: expected one of"),
+])
+def test_run_check_rejects_bad_arguments_with_value_error(kwargs, needle):
+    from nkilib_msda.check import run_check
+
+    with pytest.raises(ValueError, match=needle):
+        run_check(echo=lambda *_: None, **kwargs)

@@ -110,3 +110,29 @@ def test_backward_at_large_inputs(monkeypatch, backend, k):
     for i, (a, b) in enumerate(zip(got, want)):
         assert bool(a.isfinite().all()), i
         assert _rel(a.double().numpy(), b) <= 1e-4, (i, _rel(a.double().numpy(), b))
+
+
+def test_reference_raises_no_numpy_floating_point_errors():
+    """Under np.seterr(all="raise"): scores so far apart that exp underflows, tiny and zero
+    blocks, and NaN / inf inputs (which propagate to the results instead of warning)."""
+    unit, _, w, gamma = _inputs(5, torch.float64, 1.0)
+    blocks = [_np(x) for x in unit[:N]]
+    blocks[0] = blocks[0] * 1e-200
+    blocks[1] = np.zeros_like(blocks[1])
+    big_w = _np(w) * 1e4  # |z| ~ 1e4: exp(z - max) underflows to 0
+    old = np.seterr(all="raise")
+    try:
+        h, rms, alpha = block_attn_res_ref(blocks, big_w, _np(unit[N]), rmsnorm_gamma=_np(gamma))
+        grads = block_attn_res_backward_ref(np.ones(h.shape), blocks, big_w, _np(unit[N]),
+                                            rmsnorm_gamma=_np(gamma))
+        assert np.isfinite(h).all() and np.isfinite(alpha).all() and (alpha >= 0).all()
+        assert all(np.isfinite(g).all() for g in [*grads[0], *grads[1:]])
+        np.testing.assert_allclose(rms[:, :, 1, 0], np.sqrt(1e-6))  # zero block: r = sqrt(eps)
+        bad = [b.copy() for b in blocks]
+        bad[2][0, 0, 0] = np.nan
+        bad[2][0, 1, 0] = np.inf
+        h_bad, _, _ = block_attn_res_ref(bad, _np(w), _np(unit[N]), rmsnorm_gamma=_np(gamma))
+        assert np.isnan(h_bad[0, 0]).all() and not np.isfinite(h_bad[0, 1]).all()
+        np.testing.assert_array_equal(np.isfinite(h_bad[0, 2:]), True)  # other tokens unaffected
+    finally:
+        np.seterr(**old)
