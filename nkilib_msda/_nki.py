@@ -7,8 +7,9 @@ NumPy emulator (:mod:`nkilib_msda.simulator`) provides the same API.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
+
+from nkilib_msda._env import env_choice
 
 __all__ = ["nki", "nl", "nisa", "USING_REAL_NKI", "backend_name"]
 
@@ -25,7 +26,7 @@ def _load_real_nki() -> tuple[ModuleType, ModuleType, ModuleType] | None:
     return real_nki, real_language, real_isa
 
 
-_real = None if os.environ.get("NKILIB_MSDA_NKI", "").lower() == "emulator" else _load_real_nki()
+_real = None if env_choice("NKILIB_MSDA_NKI", ("auto", "emulator")) == "emulator" else _load_real_nki()
 
 if _real is not None:
     nki, nl, nisa = _real

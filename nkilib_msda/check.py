@@ -76,6 +76,12 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
     """Run forward (and backward) kernels in the simulator on a preset; print errors and costs."""
     from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 
+    if preset not in PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    if lnc not in (1, 2) or isinstance(lnc, bool):
+        raise ValueError(f"lnc: expected 1 or 2, got {lnc!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
     case = replace(PRESETS[preset], value_dtype=dtype, param_dtype=param_dtype,
                    value_layout=value_layout or PRESETS[preset].value_layout,
                    locations_layout=sampling_locations_layout or PRESETS[preset].locations_layout,

@@ -1,6 +1,6 @@
 """MSDA problem instances and random inputs (NumPy), shared by the CLI, tests and benchmarks.
 
-Inputs follow the upstream nkilib test convention (msda-design.md, part D): value ~ N(0, 1)
+Inputs follow the upstream nkilib test convention (docs/math.md, "Test inputs"): value ~ N(0, 1)
 rounded to the value dtype; locations ~ U[0, 1) and weights ~ U[0.1, 1) normalised over
 (N_l, N_p), both in ``param_dtype`` (float16 by default). References must run on these same
 (rounded) arrays.
@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["MSDACase", "make_inputs", "make_grad_output", "numpy_dtype", "S4", "DEFAULT_CASE",
-           "PRESETS", "PRESET_DESCRIPTIONS"]
+           "PRESETS", "PRESET_DESCRIPTIONS", "PRESET_EMULATOR_TIME"]
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
 DDETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
@@ -135,13 +135,28 @@ PRESETS: dict[str, MSDACase] = {c.name: c for c in (
 )}
 
 PRESET_DESCRIPTIONS = {
-    "tiny": "tiny smoke test (ragged last query tile)",
-    "default": "Deformable-DETR-like encoder, 4 levels of a 128x192 image (laptop-sized)",
-    "upstream": "nkilib test default (S4 levels, 8 points)",
-    "bevformer-fast": "nkilib BEVFormer fast case",
-    "ddetr-decoder": "Deformable-DETR decoder (800x1333 image)",
-    "ddetr-encoder": "Deformable-DETR encoder (800x1333 image; slow in the emulator)",
-    "bevformer-sca": "BEVFormer-base spatial cross-attention (slow in the emulator)",
-    "bevformer-tsa": "BEVFormer-base temporal self-attention (slow in the emulator)",
-    "bevformer-decoder": "BEVFormer-base decoder",
+    "tiny": "smoke test: 130 queries, 2 tiny levels (the last query tile is partly filled)",
+    "default": "Deformable-DETR-like encoder on a 128x192 image, 4 levels, 512 queries",
+    "upstream": "the shape of AWS nki-library's MSDA tests (4 small levels, 8 points, B=2)",
+    "bevformer-fast": "AWS nki-library's quick BEVFormer test shape (B=2, 512 queries)",
+    "ddetr-decoder": "Deformable-DETR decoder, 800x1333 image, 300 queries, B=2",
+    "ddetr-encoder": "Deformable-DETR encoder, 800x1333 image, 22,223 queries, B=2",
+    "bevformer-sca": "BEVFormer-base spatial cross-attention, 18,000 queries, BNLC value",
+    "bevformer-tsa": "BEVFormer-base temporal self-attention, 40,000 queries on 200x200",
+    "bevformer-decoder": "BEVFormer-base decoder, 900 queries on 200x200",
+}
+
+# Rough wall time of `nkilib-msda check --preset NAME` (forward + backward, bf16, LNC 1,
+# --no-report, one CPU core; process start included). Measured 2026-12-01 except ddetr-encoder
+# and bevformer-sca, scaled from bevformer-tsa by the number of samples. For --help only.
+PRESET_EMULATOR_TIME = {
+    "tiny": "~2 s",
+    "default": "~5 s",
+    "upstream": "~5 s",
+    "bevformer-fast": "~10 s",
+    "ddetr-decoder": "~10 s",
+    "ddetr-encoder": "~3 min",
+    "bevformer-sca": "~3 min",
+    "bevformer-tsa": "~45 s",
+    "bevformer-decoder": "~5 s",
 }

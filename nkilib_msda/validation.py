@@ -124,7 +124,11 @@ def normalize_spatial_shapes(spatial_shapes: Any) -> tuple[tuple[int, int], ...]
     if hasattr(spatial_shapes, "dtype") and "float" in dtype_name(spatial_shapes.dtype):
         raise TypeError(f"spatial_shapes: expected integers, got dtype {dtype_name(spatial_shapes.dtype)}")
     raw = _to_python(spatial_shapes)
-    if not isinstance(raw, (list, tuple)) or len(raw) == 0:
+    if not isinstance(raw, (list, tuple)):  # a dict, set or generator has no reliable order/length
+        raise TypeError(
+            f"spatial_shapes: expected a tuple/list of (H, W) int pairs or an int tensor of shape "
+            f"(N_l, 2), got {_describe(spatial_shapes)}")
+    if len(raw) == 0:
         raise ValueError(f"spatial_shapes: expected at least one (H, W) pair, got {raw!r}")
     shapes = []
     for i, pair in enumerate(raw):

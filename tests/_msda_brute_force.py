@@ -1,6 +1,6 @@
 """Independent brute-force MSDA (plain Python loops) for testing the NumPy reference.
 
-Written directly from msda-design.md Part A and grid_sample's documented padding rules, one
+Written directly from the operator definition in docs/math.md and grid_sample's documented padding rules, one
 sample and one corner at a time. Canonical layouts only: value (B, L, N_h, C_h), locations
 (B, N_q, N_h, N_l, N_p, 2); finite coordinates only (reflection loops until inside).
 """

@@ -37,3 +37,57 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "nkilib_msda", "--version"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "nkilib_msda" in proc.stdout
+
+
+# ------------------------------------------------------------ bad input: one line, exit code 2
+
+
+def _cli(*args, **env):
+    import os
+
+    full = {**os.environ, "PYTHONPATH": os.getcwd(), **env}
+    return subprocess.run([sys.executable, "-m", "nkilib_msda", *args], capture_output=True,
+                          text=True, env=full, timeout=300)
+
+
+@pytest.mark.parametrize("args,env,needle", [
+    (["check", "--seed", "-1"], {}, "--seed: expected a non-negative integer, got -1"),
+    (["check", "--seed", "x"], {}, "--seed: expected a non-negative integer, got 'x'"),
+    (["check", "--preset", "no-such-preset"], {}, "invalid choice: 'no-such-preset'"),
+    (["check", "--lnc", "3"], {}, "--lnc"),
+    (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
+    (["check", "--preset", "tiny"], {"NKILIB_MSDA_NKI": "emulatr"},
+     "NKILIB_MSDA_NKI: expected one of ['auto', 'emulator'] (or unset), got 'emulatr'"),
+    (["info"], {"NKILIB_MSDA_NKI": "yes"}, "NKILIB_MSDA_NKI: expected one of"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, env, needle):
+    proc = _cli(*args, **env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle in lines[0] and lines[0].startswith("nkilib-msda"), lines[0]
+
+
+def test_check_help_describes_every_preset_with_a_time():
+    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+
+    assert set(PRESET_DESCRIPTIONS) == set(PRESET_EMULATOR_TIME) == set(PRESETS)
+    proc = _cli("check", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse re-wraps lines
+    for name in PRESETS:
+        row = f"{name} {PRESET_EMULATOR_TIME[name]} {PRESET_DESCRIPTIONS[name]}"
+        assert row in text, row
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"preset": "nope"}, "preset: expected one of"),
+    ({"lnc": 3}, "lnc: expected 1 or 2, got 3"),
+    ({"seed": -1}, "seed: expected a non-negative integer, got -1"),
+    ({"preset": "tiny", "dtype": "float8"}, "dtype: expected one of"),
+])
+def test_run_check_rejects_bad_arguments_with_value_error(kwargs, needle):
+    from nkilib_msda.check import run_check
+
+    with pytest.raises(ValueError, match=needle):
+        run_check(echo=lambda *_: None, **kwargs)

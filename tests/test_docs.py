@@ -1,6 +1,7 @@
 """The docs are true of the code.
 
-(a) Every ```python block of README.md, examples/README.md and docs/simulator.md runs as
+(a) Every ```python block of README.md, examples/README.md, docs/simulator.md and
+    docs/block_attn_res.md runs as
     written. Blocks elide some inputs (``value, spatial_shapes, ...``, ``query, ...``); the
     harness below supplies small random ones, chosen by what the block calls, and then checks
     the block's results against the float64 reference. Only two textual substitutions are made,
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/simulator.md")
+DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/simulator.md", "docs/block_attn_res.md")
 
 
 # ----------------------------------------------------------------------------- (a) snippets
@@ -171,12 +172,24 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         def check_block_attn_res(ns: dict[str, Any]) -> None:
             from nkilib_msda.reference import block_attn_res_ref
 
+            def arr(t):
+                return t.detach().float().numpy()
+
             h_ref, rms_ref, alpha_ref = block_attn_res_ref(
-                [x.float().numpy() for x in names["blocks"]], names["proj_weight"].float().numpy(),
-                names["partial_block"].float().numpy(), rmsnorm_gamma=names["gamma"].float().numpy())
-            assert ns["h"].dtype == torch.bfloat16 and _max_rel(ns["h"].float().numpy(), h_ref) <= 1.6e-2
+                [arr(x) for x in names["blocks"]], arr(names["proj_weight"]),
+                arr(names["partial_block"]), rmsnorm_gamma=arr(names["gamma"]))
+            assert ns["h"].dtype == torch.bfloat16 and _max_rel(arr(ns["h"]), h_ref) <= 1.6e-2
             assert _max_rel(ns["rms"].numpy(), rms_ref) <= 1e-5
             assert _max_rel(ns["alpha"].numpy(), alpha_ref) <= 1e-5
+            if ".sum().backward()" in code:  # d(sum h)/d(inputs): grad_h = ones
+                from nkilib_msda.reference import block_attn_res_backward_ref
+
+                grads = block_attn_res_backward_ref(
+                    np.ones(h_ref.shape), [arr(x) for x in names["blocks"]], arr(names["proj_weight"]),
+                    arr(names["partial_block"]), rmsnorm_gamma=arr(names["gamma"]))
+                leaves = [*names["blocks"], names["partial_block"], names["proj_weight"], names["gamma"]]
+                for leaf, ref in zip(leaves, [*grads[0], *grads[1:]]):
+                    assert leaf.grad is not None and _max_rel(arr(leaf.grad), ref) <= 2e-2
         checks.append(check_block_attn_res)
 
     if "simulate(kernel" in code:

@@ -168,6 +168,10 @@ def test_align_corners_must_be_bool(bad):
     (np.array(SHAPES, dtype=bool), TypeError),
     (((0, 3), (1, 2)), ValueError),
     (((2, 3), (1, -2)), ValueError),
+    ({(2, 3): 0, (1, 2): 1}, TypeError),  # a dict: not a sequence of pairs
+    ({(2, 3), (1, 2)}, TypeError),  # a set has no order
+    ((pair for pair in SHAPES), TypeError),  # a generator would be consumed by the first pass
+    (iter(SHAPES), TypeError),
 ])
 def test_bad_spatial_shapes(bad, error):
     _assert_rejected(error, "spatial_shapes", spatial_shapes=bad)

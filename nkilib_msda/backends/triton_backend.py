@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nkilib_msda._env import env_flag
 from nkilib_msda.validation import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
@@ -186,9 +187,9 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
 def _resolve_deterministic(deterministic: bool | None) -> bool:
     if deterministic is not None:
         return bool(deterministic)
-    env = os.environ.get(DETERMINISTIC_ENV, "").strip().lower()
-    if env:
-        return env not in ("0", "false", "no", "off")
+    env = env_flag(DETERMINISTIC_ENV)
+    if env is not None:
+        return env
     import torch
 
     return torch.are_deterministic_algorithms_enabled()

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nkilib_msda._env import env_choice
+from nkilib_msda.backends import BACKEND_NAMES
 from nkilib_msda.experimental.block_attn_res.validation import (
     KERNEL_DTYPES, validate_block_attn_res_args, validate_block_attn_res_backward_args)
 from nkilib_msda.validation import dtype_name
@@ -50,7 +52,7 @@ def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype
                          f"{backend!r} path for Block AttnRes), got {backend!r}")
     name = backend if explicit else None
     if name is None:
-        env = os.environ.get(BACKEND_ENV_VAR, "").strip().lower()
+        env = env_choice(BACKEND_ENV_VAR, ("auto", *BACKEND_NAMES))
         # MSDA-only choices (e.g. "triton") select by device here.
         name = env if env in BACKENDS else ("nki" if device.type in _NEURON_DEVICE_TYPES else "reference")
         explicit = env in BACKENDS
@@ -87,12 +89,17 @@ def _reference_forward(values: Tensor, w: Tensor, gamma: Tensor | None, scale: f
                        enable_rmsnorm: bool) -> tuple[Tensor, Tensor, Tensor]:
     cd = _compute_dtype(values.dtype)
     v = values.to(cd)  # [L, B, T, D]
-    z = torch.einsum("lbtd,d->btl", v, _query(w, gamma, scale, enable_rmsnorm, cd))
+    u = _query(w, gamma, scale, enable_rmsnorm, cd)
     if enable_rmsnorm:
-        r = torch.sqrt(v.square().mean(-1) + eps).permute(1, 2, 0)  # [B, T, L]
-        z = z / r
-        rms = r.unsqueeze(-1).contiguous()
+        # Scale rows by m = max(max|v|, 1) before squaring: v^2 overflows fp32 for |v| > 1.8e19
+        # (docs/block_attn_res.md, "Numerical range"). r = m * sqrt(mean (v/m)^2 + eps/m^2).
+        m = v.abs().amax(-1, keepdim=True).clamp(min=1.0)
+        vs = v / m
+        r_m = torch.sqrt(vs.square().mean(-1) + eps / m.squeeze(-1).square())  # r / m, [L, B, T]
+        z = (torch.einsum("lbtd,d->lbt", vs, u) / r_m).permute(1, 2, 0)
+        rms = (m.squeeze(-1) * r_m).permute(1, 2, 0).unsqueeze(-1).contiguous()  # [B, T, L, 1]
     else:
+        z = torch.einsum("lbtd,d->btl", v, u)
         rms = values.new_empty((0,), dtype=cd)
     alpha = torch.softmax(z, dim=-1)
     h = torch.einsum("btl,lbtd->btd", alpha, v).to(values.dtype).contiguous()

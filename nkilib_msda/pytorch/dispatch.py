@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from nkilib_msda._env import env_choice
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.validation import MSDAProblem
 
@@ -47,11 +47,8 @@ def requested_backend(backend: str | None, device: torch.device) -> BackendChoic
         if backend not in BACKEND_NAMES:
             raise ValueError(f"backend: expected None or one of {[AUTO, *BACKEND_NAMES]}, got {backend!r}")
         return BackendChoice(backend, "argument")
-    env = os.environ.get(ENV_VAR, "").strip().lower()
+    env = env_choice(ENV_VAR, (AUTO, *BACKEND_NAMES))
     if env and env != AUTO:
-        if env not in BACKEND_NAMES:
-            raise ValueError(
-                f"{ENV_VAR}: expected one of {[AUTO, *BACKEND_NAMES]} (or unset), got {env!r}")
         return BackendChoice(env, ENV_VAR)
     return BackendChoice(device_default_backend(device), "device")
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from nkilib_msda._env import check_optional_bool
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops
 from nkilib_msda.pytorch.dispatch import NEURON_DEVICE_TYPES, select_backend
@@ -85,6 +86,7 @@ def multi_scale_deformable_attention(
     Differentiable with respect to value, sampling_locations and attention_weights. Invalid
     arguments raise ``ValueError``/``TypeError`` naming the argument before any kernel runs.
     """
+    deterministic = check_optional_bool("deterministic", deterministic)
     problem = validate_torch_args(value, spatial_shapes, level_start_index, sampling_locations,
                                   attention_weights, value_layout, sampling_locations_layout,
                                   align_corners, padding_mode)

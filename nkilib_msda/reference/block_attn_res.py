@@ -1,4 +1,4 @@
-"""NumPy float64 reference for Block Attention Residuals (block-attn-res.md section 3).
+"""NumPy float64 reference for Block Attention Residuals (math: docs/block_attn_res.md).
 
 Layouts: ``blocks`` is a sequence of N arrays [B, T, D]; with ``partial_block`` [B, T, D] the
 sources are the N blocks followed by the partial sum (L = N + 1), otherwise L = N. ``proj_weight``
@@ -9,11 +9,25 @@ their own rounded outputs against it).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 import numpy as np
 
 __all__ = ["block_attn_res_ref", "block_attn_res_backward_ref", "stack_sources"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _quiet(func: _F) -> _F:
+    """Run ``func`` with NumPy floating-point warnings off (also under ``np.seterr(all="raise")``):
+    underflow of tiny terms and exp(-large) is exact enough, and NaN or inf inputs propagate to
+    the results, which is how the oracle reports them."""
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return func(*args, **kwargs)
+    return cast(_F, wrapper)
 
 
 def _f64(x: Any) -> np.ndarray:
@@ -39,7 +53,11 @@ def _scores(v: np.ndarray, w: np.ndarray, gamma: np.ndarray | None, scale: float
     if enable_rmsnorm:
         if gamma is None:
             raise ValueError("rmsnorm_gamma: required when enable_rmsnorm=True, got None")
-        r = np.sqrt(np.mean(v * v, axis=-1) + eps)
+        # Scale by m = max(max|v|, 1) before squaring so that no finite input overflows (float64
+        # squares overflow only above 1.3e154, but the oracle should not have a range limit).
+        m = np.maximum(np.max(np.abs(v), axis=-1), 1.0)
+        vs = v / m[..., None]
+        r = m * np.sqrt(np.mean(vs * vs, axis=-1) + eps / m / m)
         x_hat = v / r[..., None]
         u = scale * gamma * w
         return x_hat @ u, r, x_hat, u
@@ -52,6 +70,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+@_quiet
 def block_attn_res_ref(blocks: Sequence[Any], proj_weight: Any, partial_block: Any = None,
                        scale: float = 1.0, rmsnorm_eps: float = 1e-6, rmsnorm_gamma: Any = None,
                        enable_rmsnorm: bool = True
@@ -69,6 +88,7 @@ def block_attn_res_ref(blocks: Sequence[Any], proj_weight: Any, partial_block: A
     return h, (None if r is None else r[..., None]), alpha
 
 
+@_quiet
 def block_attn_res_backward_ref(grad_h: Any, blocks: Sequence[Any], proj_weight: Any,
                                 partial_block: Any = None, rmsnorm_gamma: Any = None,
                                 scale: float = 1.0, rmsnorm_eps: float = 1e-6,

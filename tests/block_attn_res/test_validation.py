@@ -1,4 +1,4 @@
-"""Every ValueError/TypeError of the Block AttnRes argument checks (block-attn-res.md section 5),
+"""Every ValueError/TypeError of the Block AttnRes argument checks (docs/block_attn_res.md, "Errors"),
 through the public torch functions (the checks run before any backend work)."""
 
 from __future__ import annotations

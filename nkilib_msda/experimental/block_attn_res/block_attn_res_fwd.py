@@ -67,12 +67,46 @@ class _Tiles:
             setattr(self, name, nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name=name))
 
 
+# v^2 overflows fp32 for |v| > 1.8e19, so with RMSNorm each (token, source) row is scaled by
+# c = 1 / s, s = max(sum_d |v| * 2^-24, 1), before squaring and summing: (c v)^2 and c (v . u)
+# stay finite for any finite v (D < 2^24) as long as each product v_d u_d is finite, and c = 1
+# (the unscaled math) whenever sum |v| < 2^24. The extra pass (|v|) goes to ScalarE and the
+# product v * u moves to the otherwise idle GpSimd, so ScalarE and VectorE keep two passes
+# over v each (docs/block_attn_res.md, "Numerical range"). Semantics of activation's scale and
+# reduction, of tensor_tensor's engine and of tensor_scalar_reduce:
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.activation.html
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_tensor.html
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_scalar_reduce.html
+_L1_SCALE = 2.0 ** -24
+
+
+def _source_scale(t: _Tiles, v: Any, rows: int, l: int) -> None:
+    """mean_sq[:, l] = sum_d |v| * 2^-24 (ScalarE); _group_scale turns it into s and c."""
+    nisa.activation(dst=t.product[0:rows], op=nl.abs, data=v, scale=_L1_SCALE, reduce_op=nl.add,
+                    reduce_res=t.mean_sq[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
+
+
+def _group_scale(t: _Tiles, rows: int, cols: slice) -> None:
+    """s = max(mean_sq, 1) in mean_sq and c = 1 / s in rinv, for a group's sources at once."""
+    s_cols = t.mean_sq[0:rows, cols]
+    nisa.tensor_scalar(dst=s_cols, data=s_cols, op0=nl.maximum, operand0=1.0)
+    nisa.reciprocal(dst=t.rinv[0:rows, cols], data=s_cols)
+
+
 def _source_stats(t: _Tiles, v: Any, rows: int, l: int, enable_rmsnorm: bool) -> None:
-    """sumsq[:, l] = sum_d v^2 (ScalarE) and dot[:, l] = v . u (VectorE product, ScalarE sum)."""
+    """Without RMSNorm dot[:, l] = v . u (VectorE product, ScalarE sum). With it (after
+    _group_scale) sumsq[:, l] = sum_d (c v)^2 (ScalarE) and dot[:, l] = c (v . u) (GpSimd
+    product, VectorE scaled sum)."""
     prod = t.product[0:rows]
     if enable_rmsnorm:
-        nisa.activation(dst=prod, op=nl.square, data=v, reduce_op=nl.add,
+        c_col = t.rinv[0:rows, l:l + 1]
+        nisa.activation(dst=prod, op=nl.square, data=v, scale=c_col, reduce_op=nl.add,
                         reduce_res=t.sumsq[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
+        nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        nisa.tensor_scalar_reduce(dst=prod, data=prod, op0=nl.multiply, operand0=c_col,
+                                  reduce_op=nl.add, reduce_res=t.dot[0:rows, l:l + 1])
+        return
     nisa.tensor_tensor(dst=prod, data1=v, data2=t.u[0:rows], op=nl.multiply)
     nisa.activation(dst=prod, op=nl.copy, data=prod, reduce_op=nl.add,
                     reduce_res=t.dot[0:rows, l:l + 1], reduce_cmd=_RESET_REDUCE)
@@ -84,12 +118,18 @@ def _scores(t: _Tiles, rows: int, cols: slice, dim: int, eps: float, enable_rmsn
     if not enable_rmsnorm:
         nisa.tensor_copy(dst=z, src=dot)
         return
-    rms, rinv = t.rms[0:rows, cols], t.rinv[0:rows, cols]
-    nisa.tensor_scalar(dst=t.mean_sq[0:rows, cols], data=t.sumsq[0:rows, cols], op0=nl.multiply,
-                       operand0=1.0 / dim, op1=nl.add, operand1=float(eps))
-    nisa.activation(dst=rms, op=nl.sqrt, data=t.mean_sq[0:rows, cols])
-    nisa.reciprocal(dst=rinv, data=rms)
+    # Scaled rows (_source_stats): c r = sqrt(mean (c v)^2 + eps c^2), z = (c v.u) / (c r),
+    # r = (c r) * s. e and alpha of these columns are free scratch until the softmax writes them.
+    rms, rinv, s_cols = t.rms[0:rows, cols], t.rinv[0:rows, cols], t.mean_sq[0:rows, cols]
+    c_sq, cr = t.e[0:rows, cols], t.alpha[0:rows, cols]
+    nisa.tensor_tensor(dst=c_sq, data1=rinv, data2=rinv, op=nl.multiply)
+    nisa.tensor_scalar(dst=cr, data=t.sumsq[0:rows, cols], op0=nl.multiply, operand0=1.0 / dim)
+    nisa.scalar_tensor_tensor(dst=cr, data=c_sq, op0=nl.multiply, operand0=float(eps),
+                              op1=nl.add, operand1=cr)
+    nisa.activation(dst=cr, op=nl.sqrt, data=cr)
+    nisa.reciprocal(dst=rinv, data=cr)
     nisa.tensor_tensor(dst=z, data1=dot, data2=rinv, op=nl.multiply)
+    nisa.tensor_tensor(dst=rms, data1=cr, data2=s_cols, op=nl.multiply)
 
 
 def _softmax(t: _Tiles, rows: int) -> None:
@@ -147,9 +187,13 @@ def _forward_tile(t: _Tiles, values: Any, plan: ForwardPlan, h_tile: Any, row0: 
         slab = t.values[slab_counter[0] % plan.buffers]
         slab_counter[0] += 1
         _load_group(t, values, plan, slab, first, count, row0, rows)
+        cols = slice(first, first + count)
+        if plan.enable_rmsnorm:
+            for j in range(count):
+                _source_scale(t, slab[0:rows, j, :], rows, first + j)
+            _group_scale(t, rows, cols)
         for j in range(count):
             _source_stats(t, slab[0:rows, j, :], rows, first + j, plan.enable_rmsnorm)
-        cols = slice(first, first + count)
         _scores(t, rows, cols, dim, eps, plan.enable_rmsnorm)
         if single:
             _softmax(t, rows)
