@@ -5,7 +5,8 @@ It recomputes the bilinear setup, reads grad_out once, and per (level, point):
 - grad_attention_weights and grad_sampling_locations from the corner dots
   dc_c = <g, V[row_c]> (plain stores, one writer per element);
 - grad_value either by relaxed atomic adds of a*m_c*w_c*g into an fp32 (or value-dtype)
-  accumulator (fast default), or, when DETERMINISTIC, by writing one (row key, coefficient)
+  accumulator (fast default; on sm_90 one 16-byte ``red.global.add.v4.f32`` per 4 channels
+  instead of 4 scalar reductions), or, when DETERMINISTIC, by writing one (row key, coefficient)
   entry per sample corner; the host sorts the keys stably and
   ``msda_grad_value_rows_kernel`` sums each row's entries in sorted order (bitwise reproducible).
 
@@ -21,13 +22,11 @@ from nkilib_msda.backends.triton_kernels.sampling import axis_setup, program_coo
 
 
 @triton.jit
-def _corner_dot(value_base, rows, g, ch, c_mask, ROW_STRIDE: tl.constexpr, EVEN_C: tl.constexpr):
-    """<g[q, :], V[rows[q], :]> for each query of the block (fp32)."""
+def _corner_dot(value_base, rows, valid, g, ch, c_mask, ROW_STRIDE: tl.constexpr):
+    """<g[q, :], V[rows[q], :]> for each query of the block (fp32); 0 for masked corners
+    (loaded as 0, so a clamped pixel holding inf/NaN cannot leak through a zero weight)."""
     ptrs = value_base + (rows * ROW_STRIDE)[:, None] + ch[None, :]
-    if EVEN_C:
-        vals = tl.load(ptrs)
-    else:
-        vals = tl.load(ptrs, mask=c_mask[None, :], other=0.0)
+    vals = tl.load(ptrs, mask=valid[:, None] & c_mask[None, :], other=0.0)
     return tl.sum(vals.to(tl.float32) * g, axis=1)
 
 
@@ -37,6 +36,22 @@ def _scatter_corner(grad_value_base, rows, coef, valid, g, ch, c_mask, ROW_STRID
     ptrs = grad_value_base + (rows * ROW_STRIDE)[:, None] + ch[None, :]
     contrib = (coef[:, None] * g).to(grad_value_base.dtype.element_ty)
     tl.atomic_add(ptrs, contrib, mask=valid[:, None] & c_mask[None, :], sem="relaxed")
+
+
+@triton.jit
+def _scatter_corner_v4(grad_value_base, rows, coef, valid, g0, g1, g2, g3, ch4, c4_mask,
+                       ROW_STRIDE: tl.constexpr):
+    """Like ``_scatter_corner`` into fp32 with one 4-wide reduction per 4 channels: gk[q, j]
+    holds channel 4*j + k. Needs 16-byte aligned rows (C_h % 4 == 0, fp32 buffer)."""
+    ptrs = grad_value_base + (rows * ROW_STRIDE)[:, None] + (ch4 * 4)[None, :]
+    c = coef[:, None]
+    pred = (valid[:, None] & c4_mask[None, :]).to(tl.int32)
+    # One 16-byte fp32 vector reduction (sm_90+), predicated on $6: [$1 .. $1+16) += $2..$5.
+    tl.inline_asm_elementwise("{ .reg .pred %p; setp.ne.b32 %p, $6, 0; "
+                              "@%p red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
+                              "=r,l,f,f,f,f,r",
+                              [ptrs, c * g0, c * g1, c * g2, c * g3, pred],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -58,12 +73,13 @@ def msda_backward_kernel(
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     COMPUTE_VALUE: tl.constexpr, COMPUTE_LOC: tl.constexpr, COMPUTE_ATTN: tl.constexpr,
     DETERMINISTIC: tl.constexpr, HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_C: tl.constexpr, VECTOR_RED: tl.constexpr, BLOCK_C4: tl.constexpr,
 ):
     """Shapes as the forward; grad_value in value's layout, grad_loc in loc's layout,
-    grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC."""
+    grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC.
+    VECTOR_RED: grad_value (fp32, C_h % 4 == 0) by 4-wide reductions over BLOCK_C4 >= C_h/4
+    channel quads."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
-    EVEN_C: tl.constexpr = BLOCK_C == HEAD_DIM
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
     pid = tl.program_id(0)
     if INDEX64:
@@ -100,6 +116,17 @@ def msda_backward_kernel(
     g = tl.load(grad_out_ptr + (row * HEAD_DIM)[:, None] + ch[None, :],
                 mask=c_mask[None, :], other=0.0).to(tl.float32)
     g = tl.where(q_mask[:, None], g, 0.0)
+    if VECTOR_RED:
+        # grad_out split by channel residue mod 4 (tile k holds channels 4j + k), for the
+        # 4-wide reductions; loaded once per program.
+        ch4 = tl.arange(0, BLOCK_C4)
+        c4_mask = ch4 < HEAD_DIM // 4
+        g_ptrs = grad_out_ptr + (row * HEAD_DIM)[:, None] + (ch4 * 4)[None, :]
+        g_mask = q_mask[:, None] & c4_mask[None, :]
+        g0 = tl.load(g_ptrs, mask=g_mask, other=0.0).to(tl.float32)
+        g1 = tl.load(g_ptrs + 1, mask=g_mask, other=0.0).to(tl.float32)
+        g2 = tl.load(g_ptrs + 2, mask=g_mask, other=0.0).to(tl.float32)
+        g3 = tl.load(g_ptrs + 3, mask=g_mask, other=0.0).to(tl.float32)
 
     for level in tl.static_range(NUM_LEVELS):
         height = tl.load(shapes_ptr + 2 * level)
@@ -133,10 +160,10 @@ def msda_backward_kernel(
             w11 = tl.where(m11, fx * fy, 0.0)
 
             if NEED_DOTS:
-                d00 = _corner_dot(value_base, r00, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d01 = _corner_dot(value_base, r01, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d10 = _corner_dot(value_base, r10, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d11 = _corner_dot(value_base, r11, g, ch, c_mask, ROW_STRIDE, EVEN_C)
+                d00 = _corner_dot(value_base, r00, m00, g, ch, c_mask, ROW_STRIDE)
+                d01 = _corner_dot(value_base, r01, m01, g, ch, c_mask, ROW_STRIDE)
+                d10 = _corner_dot(value_base, r10, m10, g, ch, c_mask, ROW_STRIDE)
+                d11 = _corner_dot(value_base, r11, m11, g, ch, c_mask, ROW_STRIDE)
                 if COMPUTE_ATTN:
                     ga = w00 * d00 + w01 * d01 + w10 * d10 + w11 * d11
                     tl.store(grad_attn_ptr + sample + lp, ga.to(grad_attn_ptr.dtype.element_ty),
@@ -165,6 +192,15 @@ def msda_backward_kernel(
                                  m10 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
                     _write_entry(key_ptr, coef_ptr, entry + 3, row_key_base, r11, a * w11,
                                  m11 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
+                elif VECTOR_RED:
+                    _scatter_corner_v4(grad_value_base, r00, a * w00, m00 & q_mask, g0, g1, g2,
+                                       g3, ch4, c4_mask, ROW_STRIDE)
+                    _scatter_corner_v4(grad_value_base, r01, a * w01, m01 & q_mask, g0, g1, g2,
+                                       g3, ch4, c4_mask, ROW_STRIDE)
+                    _scatter_corner_v4(grad_value_base, r10, a * w10, m10 & q_mask, g0, g1, g2,
+                                       g3, ch4, c4_mask, ROW_STRIDE)
+                    _scatter_corner_v4(grad_value_base, r11, a * w11, m11 & q_mask, g0, g1, g2,
+                                       g3, ch4, c4_mask, ROW_STRIDE)
                 else:
                     _scatter_corner(grad_value_base, r00, a * w00, m00 & q_mask, g, ch, c_mask,
                                     ROW_STRIDE)
