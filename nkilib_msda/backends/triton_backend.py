@@ -394,8 +394,10 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
     attention_weights = attention_weights.contiguous()
     out = torch.empty(problem.output_shape, dtype=value.dtype, device=value.device)
     shapes, starts = ctx.tables()
-    if plan is None or plan == ctx.plan:
-        launch = ctx.launcher(("fwd",), lambda: _forward_launch(problem, ctx.plan))
+    default = ctx.plan
+    assert default is not None  # set whenever ctx.reason is None
+    if plan is None or plan == default:
+        launch = ctx.launcher(("fwd",), lambda: _forward_launch(problem, default))
     else:
         launch = _Launcher(*_forward_launch(problem, plan))
     launch(value, sampling_locations, attention_weights, out, shapes, starts)
