@@ -44,13 +44,17 @@ def _scatter_corner_v4(grad_value_base, rows, coef, valid, g0, g1, g2, g3, ch4, 
     """Like ``_scatter_corner`` into fp32 with one 4-wide reduction per 4 channels: gk[q, j]
     holds channel 4*j + k. Needs 16-byte aligned rows (C_h % 4 == 0, fp32 buffer)."""
     ptrs = grad_value_base + (rows * ROW_STRIDE)[:, None] + (ch4 * 4)[None, :]
+    addr = ptrs.to(tl.int64)  # all operands integers: the asm op broadcasts them together
     c = coef[:, None]
     pred = (valid[:, None] & c4_mask[None, :]).to(tl.int32)
     # One 16-byte fp32 vector reduction (sm_90+), predicated on $6: [$1 .. $1+16) += $2..$5.
     tl.inline_asm_elementwise("{ .reg .pred %p; setp.ne.b32 %p, $6, 0; "
                               "@%p red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
-                              "=r,l,f,f,f,f,r",
-                              [ptrs, c * g0, c * g1, c * g2, c * g3, pred],
+                              "=r,l,r,r,r,r,r",
+                              [addr, (c * g0).to(tl.int32, bitcast=True),
+                               (c * g1).to(tl.int32, bitcast=True),
+                               (c * g2).to(tl.int32, bitcast=True),
+                               (c * g3).to(tl.int32, bitcast=True), pred],
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
