@@ -69,7 +69,35 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 return api(value, shape.levels, None, loc, attn, backend="triton")
 
+        class Trivial(torch.autograd.Function):
+            """Saves three inputs, allocates outputs: the autograd engine's own cost."""
+
+            @staticmethod
+            def forward(ctx, v, l, a):
+                ctx.save_for_backward(v, l, a)
+                return v.new_empty(problem.output_shape)
+
+            @staticmethod
+            def backward(ctx, g):
+                return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+        cpu_leaves = [torch.zeros(4, requires_grad=True) for _ in range(3)]
+
+        class TrivialCPU(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, v, l, a):
+                return v * 1.0
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, g, g
+
         stages = {
+            "autograd floor: trivial Function fwd+bwd, CUDA tensors (baseline)":
+                lambda: torch.autograd.grad(Trivial.apply(*leaves), leaves, grad),
+            "autograd floor: trivial Function fwd+bwd, CPU tensors (baseline)":
+                lambda: torch.autograd.grad(TrivialCPU.apply(*cpu_leaves), cpu_leaves,
+                                            torch.ones(4)),
             "torch.empty (baseline)": lambda: torch.empty(problem.output_shape, device="cuda"),
             "torch.zeros_like(value) (baseline)": lambda: torch.zeros_like(value),
             "validated_problem (cached)": lambda: validated_problem(value, shape.levels, None,

@@ -116,7 +116,9 @@ class LaunchPlan:
     head_slowest: bool = True  # program order: all resident programs share one (head, batch)
     rows_block: int = 32  # deterministic reduce: value rows per program
     rows_warps: int = 4
-    vector_red: bool = True  # backward: 4-wide fp32 reductions (red.global.add.v4.f32, sm_90)
+    # Backward: 4-wide fp32 reductions (red.global.add.v4.f32, sm_90) instead of scalar ones.
+    # Off: measured 20-25 % slower on the H200 encoders (benchmarks/RESULTS.md).
+    vector_red: bool = False
 
 
 def _next_pow2(n: int) -> int:

@@ -84,3 +84,47 @@ def test_deterministic_env_variable(monkeypatch, env, expected):
 def test_deterministic_defaults_to_torch_setting(monkeypatch):
     monkeypatch.delenv(tb.DETERMINISTIC_ENV, raising=False)
     assert tb._resolve_deterministic(None) is torch.are_deterministic_algorithms_enabled()
+
+
+def test_cpu_reason_says_cuda_tensors_and_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = torch.zeros(1, 1, 1, 1)
+    reason = tb.unsupported_reason(problem(), value, value)
+    assert "CUDA tensors" in reason and "TRITON_INTERPRET=1" in reason and "cpu" in reason
+
+
+def test_missing_triton_reason_says_not_installed(monkeypatch):
+    monkeypatch.setattr(tb, "_import_error", lambda: "triton is not installed (test)")
+    value = torch.zeros(1, 1, 1, 1)
+    assert tb.unsupported_reason(problem(), value, value) == "triton is not installed (test)"
+    assert not tb.is_available() and tb.unavailable_reason() == "triton is not installed (test)"
+
+
+def test_forward_on_cpu_without_interpreter_raises_value_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = torch.zeros(1, 20, 1, 4)
+    loc = torch.zeros(1, 3, 1, 1, 1, 2)
+    attn = torch.zeros(1, 3, 1, 1, 1)
+    p = MSDAProblem(batch=1, num_queries=3, num_heads=1, head_dim=4, num_levels=1, num_points=1,
+                    spatial_shapes=((4, 5),), level_start_index=(0,), value_layout="BLNC",
+                    sampling_locations_layout="BQHLP2", align_corners=False, padding_mode="zeros")
+    with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET=1"):
+        tb.msda_forward(value, p, loc, attn)
+
+
+def test_reason_is_computed_once_per_call_signature(monkeypatch):
+    calls = []
+    real = tb._compute_reason
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(tb, "_compute_reason", counting)
+    p = problem(padding_mode="reflection")
+    value = torch.zeros(1, 1, 1, 1)
+    first = tb.unsupported_reason(p, value, value)
+    assert tb.unsupported_reason(p, value, value) == first and "reflection" in first
+    assert len(calls) == 1
+    tb.unsupported_reason(p, value.double(), value)  # another dtype: another signature
+    assert len(calls) == 2
