@@ -151,8 +151,7 @@ def check_nonfinite_values(deterministic):
 
 
 def check_launch_paths():
-    """Direct compiled-kernel launches and the JIT path give bitwise-equal results; the
-    4-wide-reduction backward (vector_red=True, not the default) is as accurate."""
+    """Direct compiled-kernel launches and the JIT path give bitwise-equal results."""
     value, loc, attn, grad = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.float32, "BLNC",
                                          "BQHLP2")
     problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
@@ -165,10 +164,8 @@ def check_launch_paths():
     same = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
     ref = msda_grid_sample_with_grads(value.double(), SHAPES_SMALL, loc.double(), attn.double(),
                                       grad.double())
-    plan = tb.with_configs(tb.plan_launch(problem, "float32"), vector_red=True)
-    vector = tb.msda_backward(grad, value, problem, loc, attn, deterministic=False, plan=plan)
-    errors = [relative_l2(runs[1][0], ref[0])] + [relative_l2(g, r) for g, r in zip(vector, ref[1:])]
-    name = f"direct vs JIT launch bitwise={'yes' if same else 'NO'}; v4-reduction backward"
+    errors = [relative_l2(g, r) for g, r in zip(runs[1], ref)]
+    name = f"direct vs JIT launch bitwise={'yes' if same else 'NO'}"
     return name, "float32", errors, same and all(e <= 1e-5 for e in errors)
 
 
@@ -246,6 +243,8 @@ def cases():
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip-large", action="store_true", help="skip the 5 GB int64 case")
+    parser.add_argument("--only-large", action="store_true",
+                        help="only the launch-path, encoder and int64 cases")
     args = parser.parse_args(argv)
     rows = []
     start = time.time()
@@ -257,11 +256,12 @@ def main(argv=None) -> int:
             verdict = "INFO" if ok is None else ("PASS" if ok else "FAIL")
             print(f"{verdict} {name} {dtype} {', '.join(f'{e:.1e}' for e in errors)}", flush=True)
 
-    for i, (name, dtype, kwargs) in enumerate(cases()):
-        add(check_case(name, dtype, seed=i, **kwargs))
-    add(check_nonfinite())
-    add(check_nonfinite_values(False))
-    add(check_nonfinite_values(True))
+    if not args.only_large:
+        for i, (name, dtype, kwargs) in enumerate(cases()):
+            add(check_case(name, dtype, seed=i, **kwargs))
+        add(check_nonfinite())
+        add(check_nonfinite_values(False))
+        add(check_nonfinite_values(True))
     add(check_launch_paths())
     add(*check_encoder_bf16())
     if not args.skip_large:

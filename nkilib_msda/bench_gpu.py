@@ -433,10 +433,6 @@ def _sweep_variants(dtype_name: str):
     for bq, warps in SAMPLES_SWEEP:
         yield (f"fwd samples head-slowest block_q={bq:3d} warps={warps}",
                dict(forward=tb.KernelConfig(bq, warps), forward_kernel="samples"), None)
-    yield "bwd lever: default (vector reductions on sm_90)", {}, everything
-    yield "bwd lever: scalar atomics (vector_red=False)", dict(vector_red=False), everything
-    yield "bwd lever: grad_value only, vector", {}, (True, False, False)
-    yield "bwd lever: grad_value only, scalar", dict(vector_red=False), (True, False, False)
     yield "bwd default grad_value only", {}, (True, False, False)
     yield "bwd default loc+attn only", {}, (False, True, True)
     if dtype_name != "float32":

@@ -116,9 +116,6 @@ class LaunchPlan:
     head_slowest: bool = True  # program order: all resident programs share one (head, batch)
     rows_block: int = 32  # deterministic reduce: value rows per program
     rows_warps: int = 4
-    # Backward: 4-wide fp32 reductions (red.global.add.v4.f32, sm_90) instead of scalar ones.
-    # Off: measured 20-25 % slower on the H200 encoders (benchmarks/RESULTS.md).
-    vector_red: bool = False
 
 
 def _next_pow2(n: int) -> int:
@@ -206,24 +203,6 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
         INDEX64=plan.index64, BLOCK_C=plan.block_c, HEAD_SLOWEST=plan.head_slowest)
 
 
-@functools.lru_cache(maxsize=16)
-def _capability(device_index: int) -> tuple[int, int]:
-    import torch
-
-    if _interpreting() or not torch.cuda.is_available():
-        return (0, 0)
-    return tuple(torch.cuda.get_device_capability(device_index))  # type: ignore[return-value]
-
-
-def _vector_red(problem: MSDAProblem, plan: LaunchPlan, accumulator_fp32: bool,
-                device_index: int) -> bool:
-    """Whether the backward scatters grad_value with 4-wide fp32 reductions: inline PTX
-    ``red.global.add.v4.f32``, which needs sm_90+; never under the interpreter; only for
-    C_h % 4 == 0 into an fp32 buffer."""
-    return (plan.vector_red and accumulator_fp32 and problem.head_dim % 4 == 0
-            and not _interpreting() and _capability(device_index) >= (9, 0))
-
-
 def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):
     """(kernel, grid, keyword arguments) of the forward."""
     from nkilib_msda.backends.triton_kernels.forward import (
@@ -242,15 +221,14 @@ def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):
 
 
 def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool, bool, bool],
-                     deterministic: bool, vector_red: bool):
+                     deterministic: bool):
     from nkilib_msda.backends.triton_kernels.backward import msda_backward_kernel
 
     cfg = plan.backward
     n_blocks = -(-problem.num_queries // cfg.block_q)
     num_rows = problem.batch * problem.total_pixels * problem.num_heads if deterministic else 0
     kwargs = dict(COMPUTE_VALUE=compute[0], COMPUTE_LOC=compute[1], COMPUTE_ATTN=compute[2],
-                  DETERMINISTIC=deterministic, VECTOR_RED=vector_red,
-                  BLOCK_C4=_next_pow2(max(1, problem.head_dim // 4)), BLOCK_Q=cfg.block_q,
+                  DETERMINISTIC=deterministic, BLOCK_Q=cfg.block_q,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                   **_static_args(problem, plan))
     scalars = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch, num_rows)
@@ -457,10 +435,8 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
 
     if want_value or want_loc or want_attn:
         flags = (want_value, want_loc, want_attn)
-        vector = want_value and not deterministic and _vector_red(
-            problem, plan, accumulator.dtype == torch.float32, device.index or 0)
-        build = lambda: _backward_launch(problem, plan, flags, deterministic, vector)  # noqa: E731
-        launch = (ctx.launcher(("bwd", flags, deterministic, vector), build) if default_plan
+        build = lambda: _backward_launch(problem, plan, flags, deterministic)  # noqa: E731
+        launch = (ctx.launcher(("bwd", flags, deterministic), build) if default_plan
                   else _Launcher(*build()))
         shapes, starts = ctx.tables()
         launch(grad_output, value, sampling_locations, attention_weights, shapes, starts,

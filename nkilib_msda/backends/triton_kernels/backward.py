@@ -5,8 +5,7 @@ It recomputes the bilinear setup, reads grad_out once, and per (level, point):
 - grad_attention_weights and grad_sampling_locations from the corner dots
   dc_c = <g, V[row_c]> (plain stores, one writer per element);
 - grad_value either by relaxed atomic adds of a*m_c*w_c*g into an fp32 (or value-dtype)
-  accumulator (fast default; on sm_90 one 16-byte ``red.global.add.v4.f32`` per 4 channels
-  instead of 4 scalar reductions), or, when DETERMINISTIC, by writing one (row key, coefficient)
+  accumulator (fast default), or, when DETERMINISTIC, by writing one (row key, coefficient)
   entry per sample corner; the host sorts the keys stably and
   ``msda_grad_value_rows_kernel`` sums each row's entries in sorted order (bitwise reproducible).
 
@@ -39,26 +38,6 @@ def _scatter_corner(grad_value_base, rows, coef, valid, g, ch, c_mask, ROW_STRID
 
 
 @triton.jit
-def _scatter_corner_v4(grad_value_base, rows, coef, valid, g0, g1, g2, g3, ch4, c4_mask,
-                       ROW_STRIDE: tl.constexpr):
-    """Like ``_scatter_corner`` into fp32 with one 4-wide reduction per 4 channels: gk[q, j]
-    holds channel 4*j + k. Needs 16-byte aligned rows (C_h % 4 == 0, fp32 buffer)."""
-    ptrs = grad_value_base + (rows * ROW_STRIDE)[:, None] + (ch4 * 4)[None, :]
-    addr = ptrs.to(tl.int64)  # all operands integers: the asm op broadcasts them together
-    c = coef[:, None]
-    pred = (valid[:, None] & c4_mask[None, :]).to(tl.int32)
-    # One 16-byte fp32 vector reduction (sm_90+), predicated on $6: [$1 .. $1+16) += $2..$5.
-    tl.inline_asm_elementwise("{ .reg .pred %p; setp.ne.b32 %p, $6, 0; "
-                              "@%p red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
-                              "=r,l,r,r,r,r,r",
-                              [addr, (c * g0).to(tl.int32, bitcast=True),
-                               (c * g1).to(tl.int32, bitcast=True),
-                               (c * g2).to(tl.int32, bitcast=True),
-                               (c * g3).to(tl.int32, bitcast=True), pred],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _write_entry(key_ptr, coef_ptr, entry, row_key_base, rows, coef, valid, q_mask, key_sentinel,
                  ROW_KEY_STRIDE: tl.constexpr):
     """Deterministic mode: record one (row key, coefficient) entry per query of the block."""
@@ -77,12 +56,10 @@ def msda_backward_kernel(
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     COMPUTE_VALUE: tl.constexpr, COMPUTE_LOC: tl.constexpr, COMPUTE_ATTN: tl.constexpr,
     DETERMINISTIC: tl.constexpr, HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_C: tl.constexpr, VECTOR_RED: tl.constexpr, BLOCK_C4: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Shapes as the forward; grad_value in value's layout, grad_loc in loc's layout,
-    grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC.
-    VECTOR_RED: grad_value (fp32, C_h % 4 == 0) by 4-wide reductions over BLOCK_C4 >= C_h/4
-    channel quads."""
+    grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
     pid = tl.program_id(0)
@@ -120,17 +97,6 @@ def msda_backward_kernel(
     g = tl.load(grad_out_ptr + (row * HEAD_DIM)[:, None] + ch[None, :],
                 mask=c_mask[None, :], other=0.0).to(tl.float32)
     g = tl.where(q_mask[:, None], g, 0.0)
-    if VECTOR_RED:
-        # grad_out split by channel residue mod 4 (tile k holds channels 4j + k), for the
-        # 4-wide reductions; loaded once per program.
-        ch4 = tl.arange(0, BLOCK_C4)
-        c4_mask = ch4 < HEAD_DIM // 4
-        g_ptrs = grad_out_ptr + (row * HEAD_DIM)[:, None] + (ch4 * 4)[None, :]
-        g_mask = q_mask[:, None] & c4_mask[None, :]
-        g0 = tl.load(g_ptrs, mask=g_mask, other=0.0).to(tl.float32)
-        g1 = tl.load(g_ptrs + 1, mask=g_mask, other=0.0).to(tl.float32)
-        g2 = tl.load(g_ptrs + 2, mask=g_mask, other=0.0).to(tl.float32)
-        g3 = tl.load(g_ptrs + 3, mask=g_mask, other=0.0).to(tl.float32)
 
     for level in tl.static_range(NUM_LEVELS):
         height = tl.load(shapes_ptr + 2 * level)
@@ -196,15 +162,6 @@ def msda_backward_kernel(
                                  m10 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
                     _write_entry(key_ptr, coef_ptr, entry + 3, row_key_base, r11, a * w11,
                                  m11 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
-                elif VECTOR_RED:
-                    _scatter_corner_v4(grad_value_base, r00, a * w00, m00 & q_mask, g0, g1, g2,
-                                       g3, ch4, c4_mask, ROW_STRIDE)
-                    _scatter_corner_v4(grad_value_base, r01, a * w01, m01 & q_mask, g0, g1, g2,
-                                       g3, ch4, c4_mask, ROW_STRIDE)
-                    _scatter_corner_v4(grad_value_base, r10, a * w10, m10 & q_mask, g0, g1, g2,
-                                       g3, ch4, c4_mask, ROW_STRIDE)
-                    _scatter_corner_v4(grad_value_base, r11, a * w11, m11 & q_mask, g0, g1, g2,
-                                       g3, ch4, c4_mask, ROW_STRIDE)
                 else:
                     _scatter_corner(grad_value_base, r00, a * w00, m00 & q_mask, g, ch, c_mask,
                                     ROW_STRIDE)
