@@ -411,6 +411,24 @@ def write_plot(rows: list[Row], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def rows_from_log(text: str) -> list[Row]:
+    """Rows back from the markdown rows a run printed (to re-render the summary, the targets
+    and the PNG from a run's log, e.g. one cut short by a time limit)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 10 or cells[0] not in SHAPES:
+            continue
+        shape, impl, dtype, mode, method, us, host, _tbs, over, err = cells
+        shape_bytes = float(_tbs) * 1e12 * float(us) * 1e-6
+        floor_us = float(us) / float(over.rstrip("×"))
+        errs = [float(e) for e in err.split("/")] if err != "—" else []
+        rows.append(Row(shape, impl, dtype, mode, method, float(us),
+                        max(errs) if errs else None, int(shape_bytes), floor_us,
+                        err if len(errs) > 1 else "", None if host == "—" else float(host)))
+    return rows
+
+
 FWD_SWEEP = ((16, 2), (32, 4), (32, 8), (64, 8))
 SAMPLES_SWEEP = ((2, 2), (4, 2), (8, 4))
 BWD_SWEEP = ((8, 2), (16, 4))
@@ -505,12 +523,21 @@ def parse_args(argv):
     p.add_argument("--shard", default="0/1", help="sweep: run tasks i, i+n, ... given as i/n")
     p.add_argument("--compile-only", action="store_true", help="sweep: only compile (no timing)")
     p.add_argument("--only", default="", help="sweep: only variants whose label contains this")
+    p.add_argument("--tables-from", default="", metavar="LOG",
+                   help="no GPU work: re-render the summary, targets and PNG from a run's log")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     """Entry point of ``nkilib-msda bench`` and ``benchmarks/bench_gpu.py``."""
     args = parse_args(argv)
+    if args.tables_from:
+        with open(args.tables_from) as f:
+            rows = rows_from_log(f.read())
+        os.makedirs(args.out, exist_ok=True)
+        print(summary_table(rows) + "\n\n" + targets_table(rows))
+        write_plot(rows, os.path.join(args.out, "bench_gpu.png"))
+        return 0
     try:
         import torch
         import triton  # noqa: F401
