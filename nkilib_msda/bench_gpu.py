@@ -364,7 +364,7 @@ def summary_table(rows: list[Row]) -> str:
 
 
 def targets_table(rows: list[Row]) -> str:
-    """The issue's targets against this run's eager (do_bench) rows of the public API."""
+    """The performance targets (TARGETS) against this run's eager (do_bench) rows of the public API."""
     lines = ["| shape | dtype | best peer fwd / fwd+bwd | target fwd / fwd+bwd | ours fwd | "
              "ours fwd+bwd | verdict |", "|---|---|---|---|---|---|---|"]
     for (shape, dtype), (pf, pb, tf, tbw) in TARGETS.items():

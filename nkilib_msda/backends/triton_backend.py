@@ -1,11 +1,20 @@
 """Triton backend for CUDA tensors (and CPU tensors under ``TRITON_INTERPRET=1``).
 
-Public surface used by the op layer (``nkilib_msda.backends``):
-``is_available``, ``unsupported_reason``, ``msda_forward``, ``msda_backward``.
+Public surface used by the op layer (``nkilib_msda.backends``): ``is_available`` (triton
+imports), ``unavailable_reason`` (why not), ``unsupported_reason`` (why this call cannot run:
+padding mode, dtypes, CPU tensors without the interpreter, ...), ``msda_forward``,
+``msda_backward``. Direct calls of ``msda_forward``/``msda_backward`` raise ``ValueError`` with
+the same reason.
 
 Everything about a launch (tile sizes, warps, 64-bit indexing, accumulator dtype) is decided
 in plain Python by :func:`plan_launch` before any kernel runs. Coordinates are fp32 inside the
 kernels for every value dtype; accumulation is fp32.
+
+Host path (what a decoder-sized call is bounded by): the support check, plan, level tables on
+the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
+validated problem object, dtypes and devices), and kernels are launched through the compiled
+kernel once Triton has compiled it (:class:`_Launcher`): no synchronisation and no host -> device
+copy per call. Measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
