@@ -128,3 +128,56 @@ def test_reason_is_computed_once_per_call_signature(monkeypatch):
     assert len(calls) == 1
     tb.unsupported_reason(p, value.double(), value)  # another dtype: another signature
     assert len(calls) == 2
+
+
+class _FakeCompiled:
+    def __init__(self, log, fail=False):
+        self.log, self.fail = log, fail
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            if self.fail:
+                raise TypeError("launcher signature mismatch")
+            self.log.append(("direct", grid, args))
+        return runner
+
+
+class _FakeKernel:
+    """Stands in for a @triton.jit function: records JIT launches, returns a fake compiled kernel."""
+
+    arg_names = ["a", "b", "n", "BLOCK", "FLAG"]
+
+    def __init__(self, fail_direct=False):
+        self.log = []
+        self.compiled = _FakeCompiled(self.log, fail_direct)
+
+    def __getitem__(self, grid):
+        def jit(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return self.compiled
+        return jit
+
+
+def test_launcher_reuses_compiled_kernel_with_all_arguments_in_order(monkeypatch):
+    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    kernel = _FakeKernel()
+    launch = tb._Launcher(kernel, (6,), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
+    a, b = torch.zeros(4), torch.zeros(4)
+    launch(a, b)
+    launch(a, b)
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]
+    assert kernel.log[0][3] == dict(BLOCK=16, FLAG=True, num_warps=4)
+    _, grid, args = kernel.log[1]
+    assert grid == (6, 1, 1) and args[:2] == (a, b) and args[2:] == (7, 16, True)
+    launch(a[1:], b)  # another alignment: compiled again through the JIT
+    assert kernel.log[-1][0] == "jit"
+
+
+def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
+    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    kernel = _FakeKernel(fail_direct=True)
+    launch = tb._Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
+    a = torch.zeros(4)
+    for _ in range(3):
+        launch(a, a)
+    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "jit"]
