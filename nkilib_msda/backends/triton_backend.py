@@ -317,6 +317,13 @@ class _Context:
             self.device = device
             self.plan = plan_launch(problem, dtype_name(value.dtype), device.index or 0)
 
+    def for_problem(self, problem: MSDAProblem) -> "_Context":
+        """This context for an equal problem object (shares tables and launchers)."""
+        twin = object.__new__(_Context)
+        twin.__dict__.update(self.__dict__)
+        twin.problem = problem
+        return twin
+
     def tables(self):
         if self._tables is None:
             self._tables = _level_tables(self.problem.spatial_shapes,
@@ -332,20 +339,37 @@ class _Context:
 
 _MAX_CONTEXTS = 256
 _CONTEXTS: dict[tuple, _Context] = {}
+_CONTEXTS_BY_VALUE: dict[tuple, _Context] = {}
 
 
 def _context(problem: MSDAProblem, value: Any, sampling_locations: Any) -> _Context:
     """The cached :class:`_Context` of this call signature. Keyed on the problem object's
     identity (validation hands out one object per signature) plus dtypes and devices; the
     context keeps the problem alive, so its id cannot be reused by another object."""
-    key = (id(problem), getattr(value, "dtype", None), getattr(sampling_locations, "dtype", None),
-           getattr(value, "device", None), getattr(sampling_locations, "device", None))
+    facts = (getattr(value, "dtype", None), getattr(sampling_locations, "dtype", None),
+             getattr(value, "device", None), getattr(sampling_locations, "device", None))
+    key = (id(problem), *facts)
     ctx = _CONTEXTS.get(key)
     if ctx is None or ctx.problem is not problem:
+        # An equal problem built anew (callers that do not memoize validation) shares the
+        # context of the first one; the comparison by value costs a few µs, hence the id key.
         if len(_CONTEXTS) >= _MAX_CONTEXTS:
             _CONTEXTS.clear()
-        ctx = _CONTEXTS[key] = _Context(problem, value, sampling_locations)
+            _CONTEXTS_BY_VALUE.clear()
+        by_value = (problem, *facts)
+        ctx = _CONTEXTS_BY_VALUE.get(by_value)
+        if ctx is None:
+            ctx = _CONTEXTS_BY_VALUE[by_value] = _Context(problem, value, sampling_locations)
+        elif ctx.problem is not problem:
+            ctx = _CONTEXTS_BY_VALUE[by_value] = ctx.for_problem(problem)
+        _CONTEXTS[key] = ctx
     return ctx
+
+
+def clear_contexts() -> None:
+    """Forget every cached call context (tests that change the environment)."""
+    _CONTEXTS.clear()
+    _CONTEXTS_BY_VALUE.clear()
 
 
 def _checked_context(problem: MSDAProblem, value, sampling_locations) -> _Context:

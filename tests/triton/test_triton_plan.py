@@ -12,6 +12,14 @@ from nkilib_msda.validation import MSDAProblem  # noqa: E402
 DDETR = ((100, 167), (50, 84), (25, 42), (13, 21))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_contexts():
+    """Support reasons are cached per call signature; these tests change the environment."""
+    tb.clear_contexts()
+    yield
+    tb.clear_contexts()
+
+
 def problem(batch=2, queries=22223, heads=8, channels=32, levels=DDETR, points=4,
             padding_mode="zeros") -> MSDAProblem:
     starts, acc = [], 0
@@ -126,6 +134,8 @@ def test_reason_is_computed_once_per_call_signature(monkeypatch):
     first = tb.unsupported_reason(p, value, value)
     assert tb.unsupported_reason(p, value, value) == first and "reflection" in first
     assert len(calls) == 1
+    assert tb.unsupported_reason(problem(padding_mode="reflection"), value, value) == first
+    assert len(calls) == 1  # an equal problem object built anew shares the context
     tb.unsupported_reason(p, value.double(), value)  # another dtype: another signature
     assert len(calls) == 2
 
