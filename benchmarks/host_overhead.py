@@ -39,7 +39,7 @@ def _install_stub_backend() -> None:
         return value.new_empty(problem.output_shape)
 
     def stub_backward(grad_output, value, problem, sampling_locations, attention_weights,
-                      compute=(True, True, True)):
+                      compute=(True, True, True), deterministic=None):
         return (torch.empty_like(value), torch.empty_like(sampling_locations),
                 torch.empty_like(attention_weights))
 

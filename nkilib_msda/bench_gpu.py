@@ -7,8 +7,12 @@ compulsory bytes, ratio to the compulsory-bytes floor (bytes / measured copy ban
 relative L2 error against a float64 grid_sample reference. Writes results.md, results.json and
 bench_gpu.png under ``--out``.
 
-Timing: ``triton.testing.do_bench`` medians (L2 flushed between calls); decoder shapes are also
-timed by CUDA-graph replay (``do_bench_cudagraph``), which removes the host dispatch cost.
+Timing: ``triton.testing.do_bench`` medians (L2 flushed between calls; "eager"), and for our
+rows (and the decoders of every implementation) CUDA-graph replay (``do_bench_cudagraph``),
+which removes the host dispatch cost. "host µs/call" is the wall time per call of back-to-back
+eager calls without synchronisation: the Python + launch cost, the bound on small shapes.
+Rows ``ours`` / ``ours-det`` go through the public function and autograd (deterministic=False
+/ True); ``triton`` calls the backend functions directly.
 Inputs follow the anchors: value ~ N(0,1), locations ~ U[0,1), weights normalized over
 (N_l, N_p), all in the run dtype.
 """
@@ -70,6 +74,7 @@ class Row:
     bytes: int
     floor_us: float
     err_detail: str = ""  # fwd+bwd: "gv/gl/ga" relative L2 errors
+    host_us: float | None = None  # host time per call (Python + launches), eager rows only
 
     @property
     def bandwidth_tbs(self) -> float:
@@ -191,11 +196,13 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
                 with torch.no_grad():
                     return api(value, shape.levels, None, loc, attn, backend="triton")
 
-            def api_fwd_bwd():
-                out = api(leaves[0], shape.levels, None, leaves[1], leaves[2], backend="triton")
+            def api_fwd_bwd(deterministic=False):
+                out = api(leaves[0], shape.levels, None, leaves[1], leaves[2], backend="triton",
+                          deterministic=deterministic)
                 return torch.autograd.grad(out, leaves, grad)
 
-            found["api"] = {"fwd": api_fwd, "fwd+bwd": api_fwd_bwd}
+            found["ours"] = {"fwd": api_fwd, "fwd+bwd": api_fwd_bwd}
+            found["ours-det"] = {"fwd+bwd": lambda: api_fwd_bwd(True)}
     return found, notes
 
 
@@ -222,6 +229,23 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
     del ref
     torch.cuda.empty_cache()
     return errs
+
+
+def host_time_us(fn, calls: int = 30) -> float:
+    """Host time per call: wall time of ``calls`` back-to-back calls, no synchronisation
+    inside (the GPU queue absorbs the launches), so this is the Python + launch cost."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def time_fn(fn, graph: bool, warmup: int, rep: int) -> float:
@@ -263,7 +287,8 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
                     if mode not in modes:
                         continue
                     nbytes = fwd_bytes * (1 if mode == "fwd" else 2)
-                    methods = ["do_bench"] + (["graph"] if shape.decoder and name != "ref" else [])
+                    graph_ok = name in ("ours", "triton") or (shape.decoder and name != "ref")
+                    methods = ["do_bench"] + (["graph"] if graph_ok else [])
                     for method in methods:
                         try:
                             us = time_fn(fn, method == "graph", warmup, rep)
@@ -273,8 +298,10 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
                         err = errs.get(name, {}).get(mode)
                         detail = "/".join(f"{e:.1e}" for e in err) if isinstance(err, tuple) else ""
                         err = max(err) if isinstance(err, tuple) else err
+                        host = (host_time_us(fn) if method == "do_bench" and name != "ref"
+                                else None)
                         row = Row(shape_name, name, dtype_name, mode, method, us, err, nbytes,
-                                  nbytes / copy_bw * 1e6, detail)
+                                  nbytes / copy_bw * 1e6, detail, host)
                         rows.append(row)
                         log(format_row(row))
             del inputs, found
@@ -282,14 +309,75 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
     return rows
 
 
-TABLE_HEADER = ("| shape | impl | dtype | mode | timing | µs | TB/s (compulsory) | ÷ floor | "
-                "err vs fp64 (out, or grad value/loc/attn) |\n|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = ("| shape | impl | dtype | mode | timing | µs | host µs/call | TB/s (compulsory) | "
+                "÷ floor | err vs fp64 (out, or grad value/loc/attn) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: Row) -> str:
     err = "—" if r.err is None else (r.err_detail or f"{r.err:.1e}")
-    return (f"| {r.shape} | {r.impl} | {r.dtype} | {r.mode} | {r.method} | {r.us:.1f} | "
+    host = "—" if r.host_us is None else f"{r.host_us:.1f}"
+    return (f"| {r.shape} | {r.impl} | {r.dtype} | {r.mode} | {r.method} | {r.us:.1f} | {host} | "
             f"{r.bandwidth_tbs:.2f} | {r.over_floor:.1f}× | {err} |")
+
+
+# (shape, dtype): (best public peer fwd, fwd+bwd µs, target fwd, target fwd+bwd), from the
+# side-by-side H200 measurements quoted in benchmarks/RESULTS.md.
+TARGETS = {
+    ("ddetr_dec", "float32"): (22.1, 64.5, 20.0, 55.0),
+    ("ddetr_dec", "bfloat16"): (34.4, 94.0, 20.0, 55.0),
+    ("ddetr_enc", "bfloat16"): (223.0, 1313.0, 110.0, 650.0),
+    ("ddetr_enc", "float32"): (246.0, 1329.0, 120.0, 650.0),
+    ("bev_sca", "float32"): (201.0, 1065.0, 100.0, 530.0),
+}
+
+
+def _pick(rows, shape, dtype, impl, mode, method="do_bench"):
+    hit = [r for r in rows if (r.shape, r.dtype, r.impl, r.mode, r.method)
+           == (shape, dtype, impl, mode, method)]
+    return hit[0] if hit else None
+
+
+def summary_table(rows: list[Row]) -> str:
+    """One line per shape x dtype: ours (public API) eager / graph, deterministic, host."""
+    lines = ["| shape | dtype | fwd eager | fwd graph | fwd+bwd eager | fwd+bwd graph | "
+             "fwd+bwd deterministic | host µs fwd+bwd | fwd+bwd ÷ floor (graph) | "
+             "ref fwd / fwd+bwd | err out; grad v/l/a |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r.shape, r.dtype) for r in rows},
+                  key=lambda k: (list(SHAPES).index(k[0]), k[1]))
+    fmt = lambda r: "—" if r is None else f"{r.us:.1f}"  # noqa: E731
+    for shape, dtype in keys:
+        fe, fg = _pick(rows, shape, dtype, "ours", "fwd"), _pick(rows, shape, dtype, "ours", "fwd", "graph")
+        be, bg = (_pick(rows, shape, dtype, "ours", "fwd+bwd"),
+                  _pick(rows, shape, dtype, "ours", "fwd+bwd", "graph"))
+        det = _pick(rows, shape, dtype, "ours-det", "fwd+bwd")
+        rf, rb = _pick(rows, shape, dtype, "ref", "fwd"), _pick(rows, shape, dtype, "ref", "fwd+bwd")
+        host = "—" if be is None or be.host_us is None else f"{be.host_us:.1f}"
+        floor = "—" if bg is None else f"{bg.over_floor:.1f}×"
+        err = "—"
+        if fe is not None and be is not None and fe.err is not None:
+            err = f"{fe.err:.1e}; {be.err_detail}"
+        lines.append(f"| {shape} | {dtype} | {fmt(fe)} | {fmt(fg)} | {fmt(be)} | {fmt(bg)} | "
+                     f"{fmt(det)} | {host} | {floor} | {fmt(rf)} / {fmt(rb)} | {err} |")
+    return "\n".join(lines)
+
+
+def targets_table(rows: list[Row]) -> str:
+    """The performance targets (TARGETS) against this run's eager (do_bench) rows of the public API."""
+    lines = ["| shape | dtype | best peer fwd / fwd+bwd | target fwd / fwd+bwd | ours fwd | "
+             "ours fwd+bwd | verdict |", "|---|---|---|---|---|---|---|"]
+    for (shape, dtype), (pf, pb, tf, tbw) in TARGETS.items():
+        f, b = _pick(rows, shape, dtype, "ours", "fwd"), _pick(rows, shape, dtype, "ours", "fwd+bwd")
+        if f is None or b is None:
+            continue
+        verdicts = []
+        for what, got, goal in (("fwd", f.us, tf), ("fwd+bwd", b.us, tbw)):
+            verdicts.append(f"{what} met" if got <= goal else
+                            f"{what} missed by {got - goal:.1f} µs ({got / goal:.2f}×)")
+        lines.append(f"| {shape} | {dtype} | {pf} / {pb} | ≤ {tf:g} / ≤ {tbw:g} | {f.us:.1f} | "
+                     f"{b.us:.1f} | {'; '.join(verdicts)} |")
+    return "\n".join(lines)
 
 
 def write_plot(rows: list[Row], path: str) -> None:
@@ -321,6 +409,24 @@ def write_plot(rows: list[Row], path: str) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def rows_from_log(text: str) -> list[Row]:
+    """Rows back from the markdown rows a run printed (to re-render the summary, the targets
+    and the PNG from a run's log, e.g. one cut short by a time limit)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 10 or cells[0] not in SHAPES:
+            continue
+        shape, impl, dtype, mode, method, us, host, _tbs, over, err = cells
+        shape_bytes = float(_tbs) * 1e12 * float(us) * 1e-6
+        floor_us = float(us) / float(over.rstrip("×"))
+        errs = [float(e) for e in err.split("/")] if err != "—" else []
+        rows.append(Row(shape, impl, dtype, mode, method, float(us),
+                        max(errs) if errs else None, int(shape_bytes), floor_us,
+                        err if len(errs) > 1 else "", None if host == "—" else float(host)))
+    return rows
 
 
 FWD_SWEEP = ((16, 2), (32, 4), (32, 8), (64, 8))
@@ -406,7 +512,9 @@ def parse_args(argv):
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {list(SHAPES)}")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma list: float32,bfloat16,float16")
     p.add_argument("--modes", default=",".join(MODES), help="comma list: fwd,fwd+bwd")
-    p.add_argument("--impls", default="triton,ref,cuda,api", help="comma list: triton,ref,cuda,api")
+    p.add_argument("--impls", default="triton,ref,cuda,api",
+                   help="comma list: triton (kernels called directly), ref, cuda, api (the public "
+                        "function through autograd: rows 'ours' and 'ours-det')")
     p.add_argument("--out", default="bench_out", help="directory for results.md/json and the PNG")
     p.add_argument("--warmup", type=int, default=50, help="do_bench warmup (ms)")
     p.add_argument("--rep", type=int, default=300, help="do_bench repetition time (ms)")
@@ -415,12 +523,21 @@ def parse_args(argv):
     p.add_argument("--shard", default="0/1", help="sweep: run tasks i, i+n, ... given as i/n")
     p.add_argument("--compile-only", action="store_true", help="sweep: only compile (no timing)")
     p.add_argument("--only", default="", help="sweep: only variants whose label contains this")
+    p.add_argument("--tables-from", default="", metavar="LOG",
+                   help="no GPU work: re-render the summary, targets and PNG from a run's log")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     """Entry point of ``nkilib-msda bench`` and ``benchmarks/bench_gpu.py``."""
     args = parse_args(argv)
+    if args.tables_from:
+        with open(args.tables_from) as f:
+            rows = rows_from_log(f.read())
+        os.makedirs(args.out, exist_ok=True)
+        print(summary_table(rows) + "\n\n" + targets_table(rows))
+        write_plot(rows, os.path.join(args.out, "bench_gpu.png"))
+        return 0
     try:
         import torch
         import triton  # noqa: F401
@@ -453,8 +570,10 @@ def main(argv=None) -> int:
                          copy_bw, with_errors=not args.no_errors)
     command = "python benchmarks/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = "\n".join([TABLE_HEADER] + [format_row(r) for r in rows])
+    summary, targets = summary_table(rows), targets_table(rows)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"Command: `{command}`\n\nDevice: {device}\n\n{table}\n")
+        f.write(f"Command: `{command}`\n\nDevice: {device}\n\n## Summary (µs)\n\n{summary}\n\n"
+                f"## Targets\n\n{targets}\n\n## All rows\n\n{table}\n")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"device": device, "command": command,
                    "rows": [asdict(r) | {"tb_s": r.bandwidth_tbs, "over_floor": r.over_floor}
@@ -464,6 +583,7 @@ def main(argv=None) -> int:
     except ImportError as exc:
         print(f"plot skipped: matplotlib not importable ({exc})")
     print("\n" + table)
+    print("\n" + summary + "\n\n" + targets)
     return 0
 
 

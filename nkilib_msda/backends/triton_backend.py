@@ -1,11 +1,20 @@
 """Triton backend for CUDA tensors (and CPU tensors under ``TRITON_INTERPRET=1``).
 
-Public surface used by the op layer (``nkilib_msda.backends``):
-``is_available``, ``unsupported_reason``, ``msda_forward``, ``msda_backward``.
+Public surface used by the op layer (``nkilib_msda.backends``): ``is_available`` (triton
+imports), ``unavailable_reason`` (why not), ``unsupported_reason`` (why this call cannot run:
+padding mode, dtypes, CPU tensors without the interpreter, ...), ``msda_forward``,
+``msda_backward``. Direct calls of ``msda_forward``/``msda_backward`` raise ``ValueError`` with
+the same reason.
 
 Everything about a launch (tile sizes, warps, 64-bit indexing, accumulator dtype) is decided
 in plain Python by :func:`plan_launch` before any kernel runs. Coordinates are fp32 inside the
 kernels for every value dtype; accumulation is fp32.
+
+Host path (what a decoder-sized call is bounded by): the support check, plan, level tables on
+the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
+validated problem object, dtypes and devices), and kernels are launched through the compiled
+kernel once Triton has compiled it (:class:`_Launcher`): no synchronisation and no host -> device
+copy per call. Measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -29,48 +38,67 @@ def _interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_and_device() -> bool:
+def _import_error() -> str | None:
+    """Why triton cannot be imported (None when it can)."""
     try:
-        import torch
         import triton  # noqa: F401
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+    except ImportError as exc:
+        return (f"triton is not installed ({exc}); install it (pip install triton, or this "
+                f"package's 'gpu' extra) to use backend='triton'")
+    return None
 
 
 def is_available() -> bool:
-    """True when triton imports and there is a CUDA device (or the Triton interpreter is on)."""
-    if _interpreting():
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return False
-        return True
-    return _triton_and_device()
+    """True when triton imports. Which calls it can run (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``) is :func:`unsupported_reason`'s answer."""
+    return _import_error() is None
 
 
-def unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
-    """Why this backend cannot run the call (None when it can)."""
+def unavailable_reason() -> str | None:
+    """Why the backend cannot run at all in this process (None when triton imports)."""
+    return _import_error()
+
+
+def _device_reason(device: Any) -> str | None:
+    if device is None:
+        return "the triton backend needs torch tensors"
+    if device.type == "cuda" or (device.type == "cpu" and _interpreting()):
+        return None
+    if device.type == "cpu":
+        return (f"the triton backend needs CUDA tensors, got value on {device}; to run its "
+                f"kernels on CPU tensors (tests only, slow) set TRITON_INTERPRET=1 before "
+                f"triton is imported")
+    return f"the triton backend needs CUDA tensors, got value on {device}"
+
+
+def _compute_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
     if problem.padding_mode not in _SUPPORTED_PADDING:
         return (f"padding_mode={problem.padding_mode!r} is not supported by the triton backend "
                 f"(supported: {', '.join(_SUPPORTED_PADDING)}); use backend='reference'")
-    if not is_available():
-        return "triton backend needs triton and a CUDA device (or TRITON_INTERPRET=1)"
+    missing = _import_error()
+    if missing is not None:
+        return missing
     name = dtype_name(value.dtype)
     if name not in _SUPPORTED_DTYPES:
-        return f"value dtype {name} is not supported by the triton backend (expected one of {_SUPPORTED_DTYPES})"
+        return (f"value dtype {name} is not supported by the triton backend "
+                f"(expected one of {_SUPPORTED_DTYPES})")
     loc_name = dtype_name(sampling_locations.dtype)
     if loc_name not in _SUPPORTED_DTYPES:
         return (f"sampling_locations dtype {loc_name} is not supported by the triton backend "
                 f"(expected one of {_SUPPORTED_DTYPES})")
     device = getattr(value, "device", None)
-    if device is None:
-        return "triton backend needs torch tensors"
-    if device.type != "cuda" and not _interpreting():
-        return f"triton backend needs CUDA tensors, got value on {device}"
+    reason = _device_reason(device)
+    if reason is not None:
+        return reason
     if getattr(sampling_locations, "device", device) != device:
         return f"value is on {device} but sampling_locations is on {sampling_locations.device}"
     return None
+
+
+def unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
+    """Why this backend cannot run the call (None when it can). Memoized per call signature
+    (problem, dtypes, devices), so repeated calls cost one dict lookup."""
+    return _context(problem, value, sampling_locations).reason
 
 
 # ----------------------------------------------------------------------------- planning
@@ -162,17 +190,18 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     )
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- call contexts
 
 
 @functools.lru_cache(maxsize=64)
-def _level_tables(shapes: tuple, starts: tuple, device_str: str):
-    """Cached int32 device tensors (N_l, 2) and (N_l,) (no host copy during graph capture)."""
+def _level_tables(shapes: tuple, starts: tuple, device: Any):
+    """Cached int32 device tensors (N_l, 2) and (N_l,): built once per (device, shapes), so no
+    call copies them host -> device (and graph capture never sees a copy)."""
     import torch
 
     flat = [v for hw in shapes for v in hw]
-    return (torch.tensor(flat, dtype=torch.int32, device=device_str),
-            torch.tensor(list(starts), dtype=torch.int32, device=device_str))
+    return (torch.tensor(flat, dtype=torch.int32, device=device),
+            torch.tensor(list(starts), dtype=torch.int32, device=device))
 
 
 def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
@@ -182,6 +211,173 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
         LOC_B2QHLP=problem.sampling_locations_layout == "B2QHLP",
         ALIGN_CORNERS=bool(problem.align_corners), BORDER=problem.padding_mode == "border",
         INDEX64=plan.index64, BLOCK_C=plan.block_c, HEAD_SLOWEST=plan.head_slowest)
+
+
+def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):
+    """(kernel, grid, keyword arguments) of the forward."""
+    from nkilib_msda.backends.triton_kernels.forward import (
+        msda_forward_kernel, msda_forward_samples_kernel)
+
+    cfg = plan.forward
+    n_blocks = -(-problem.num_queries // cfg.block_q)
+    kwargs = dict(BLOCK_Q=cfg.block_q, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  **_static_args(problem, plan))
+    kernel = msda_forward_kernel
+    if plan.forward_kernel == "samples":
+        kernel = msda_forward_samples_kernel
+        kwargs["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
+    scalars = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch)
+    return kernel, (problem.batch * problem.num_heads * n_blocks,), scalars, kwargs
+
+
+def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool, bool, bool],
+                     deterministic: bool):
+    from nkilib_msda.backends.triton_kernels.backward import msda_backward_kernel
+
+    cfg = plan.backward
+    n_blocks = -(-problem.num_queries // cfg.block_q)
+    num_rows = problem.batch * problem.total_pixels * problem.num_heads if deterministic else 0
+    kwargs = dict(COMPUTE_VALUE=compute[0], COMPUTE_LOC=compute[1], COMPUTE_ATTN=compute[2],
+                  DETERMINISTIC=deterministic, BLOCK_Q=cfg.block_q,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  **_static_args(problem, plan))
+    scalars = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch, num_rows)
+    return msda_backward_kernel, (problem.batch * problem.num_heads * n_blocks,), scalars, kwargs
+
+
+class _Launcher:
+    """One kernel with fixed grid, scalars and constexprs; launches re-use the compiled kernel.
+
+    The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the
+    compiled kernel; later launches with the same tensor dtypes and 16-byte alignment call
+    that compiled kernel directly, skipping the JIT's per-call argument binding and cache-key
+    work (host microseconds that decoder-sized calls are bounded by). Any failure of the direct
+    path falls back to the JIT path for good.
+    """
+
+    def __init__(self, kernel, grid: tuple, scalars: tuple, kwargs: dict) -> None:
+        self.kernel, self.grid, self.scalars, self.kwargs = kernel, grid, scalars, kwargs
+        names = list(kernel.arg_names)
+        self._constexpr_tail = tuple(kwargs[n] for n in names[len(names) - self._n_constexpr(names):])
+        self._runners: dict = {}
+        self._verified: set = set()
+
+    def _n_constexpr(self, names: list) -> int:
+        n = 0
+        for name in reversed(names):
+            if name not in self.kwargs:
+                break
+            n += 1
+        return n
+
+    def __call__(self, *tensors) -> None:
+        if not _FAST_LAUNCH[0]:
+            self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
+            return
+        key = tuple((t.dtype, t.data_ptr() & 15) for t in tensors)
+        runner = self._runners.get(key)
+        if runner:
+            if key in self._verified:
+                runner(*tensors, *self.scalars, *self._constexpr_tail)
+                return
+            try:  # first direct launch: an argument mismatch raises before anything runs
+                runner(*tensors, *self.scalars, *self._constexpr_tail)
+                self._verified.add(key)
+                return
+            except Exception:  # noqa: BLE001 - an unexpected Triton version: keep the JIT path
+                self._runners[key] = False
+        compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
+        if runner is None:
+            self._runners[key] = self._direct(compiled)
+
+    def _direct(self, compiled):
+        try:
+            return compiled[self.grid + (1,) * (3 - len(self.grid))]
+        except Exception:  # noqa: BLE001 - no compiled-kernel launcher in this Triton version
+            return False
+
+
+# Direct launches of compiled kernels (see _Launcher); off under the interpreter.
+_FAST_LAUNCH = [os.environ.get("NKILIB_MSDA_TRITON_FAST_LAUNCH", "1") not in ("0", "")
+                and not _interpreting()]
+
+
+class _Context:
+    """Everything about one call signature that does not depend on tensor contents: the
+    reason it cannot run (or None), the default plan, the level tables on the device and the
+    prepared launchers."""
+
+    def __init__(self, problem: MSDAProblem, value: Any, sampling_locations: Any) -> None:
+        self.problem = problem
+        self.reason = _compute_reason(problem, value, sampling_locations)
+        self.plan: LaunchPlan | None = None
+        self._launchers: dict = {}
+        self._tables = None
+        if self.reason is None:
+            device = value.device
+            self.device = device
+            self.plan = plan_launch(problem, dtype_name(value.dtype), device.index or 0)
+
+    def for_problem(self, problem: MSDAProblem) -> "_Context":
+        """This context for an equal problem object (shares tables and launchers)."""
+        twin = object.__new__(_Context)
+        twin.__dict__.update(self.__dict__)
+        twin.problem = problem
+        return twin
+
+    def tables(self):
+        if self._tables is None:
+            self._tables = _level_tables(self.problem.spatial_shapes,
+                                         self.problem.level_start_index, self.device)
+        return self._tables
+
+    def launcher(self, key: tuple, build) -> _Launcher:
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            launcher = self._launchers[key] = _Launcher(*build())
+        return launcher
+
+
+_MAX_CONTEXTS = 256
+_CONTEXTS: dict[tuple, _Context] = {}
+_CONTEXTS_BY_VALUE: dict[tuple, _Context] = {}
+
+
+def _context(problem: MSDAProblem, value: Any, sampling_locations: Any) -> _Context:
+    """The cached :class:`_Context` of this call signature. Keyed on the problem object's
+    identity (validation hands out one object per signature) plus dtypes and devices; the
+    context keeps the problem alive, so its id cannot be reused by another object."""
+    facts = (getattr(value, "dtype", None), getattr(sampling_locations, "dtype", None),
+             getattr(value, "device", None), getattr(sampling_locations, "device", None))
+    key = (id(problem), *facts)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None or ctx.problem is not problem:
+        # An equal problem built anew (callers that do not memoize validation) shares the
+        # context of the first one; the comparison by value costs a few µs, hence the id key.
+        if len(_CONTEXTS) >= _MAX_CONTEXTS:
+            _CONTEXTS.clear()
+            _CONTEXTS_BY_VALUE.clear()
+        by_value = (problem, *facts)
+        ctx = _CONTEXTS_BY_VALUE.get(by_value)
+        if ctx is None:
+            ctx = _CONTEXTS_BY_VALUE[by_value] = _Context(problem, value, sampling_locations)
+        elif ctx.problem is not problem:
+            ctx = _CONTEXTS_BY_VALUE[by_value] = ctx.for_problem(problem)
+        _CONTEXTS[key] = ctx
+    return ctx
+
+
+def clear_contexts() -> None:
+    """Forget every cached call context (tests that change the environment)."""
+    _CONTEXTS.clear()
+    _CONTEXTS_BY_VALUE.clear()
+
+
+def _checked_context(problem: MSDAProblem, value, sampling_locations) -> _Context:
+    ctx = _context(problem, value, sampling_locations)
+    if ctx.reason is not None:
+        raise ValueError(f"backend='triton' cannot run this call: {ctx.reason}")
+    return ctx
 
 
 def _resolve_deterministic(deterministic: bool | None) -> bool:
@@ -195,44 +391,30 @@ def _resolve_deterministic(deterministic: bool | None) -> bool:
     return torch.are_deterministic_algorithms_enabled()
 
 
-def _check_problem(problem: MSDAProblem, value, sampling_locations) -> None:
-    reason = unsupported_reason(problem, value, sampling_locations)
-    if reason is not None:
-        raise ValueError(reason)
-
-
 # ----------------------------------------------------------------------------- forward
 
 
 def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weights,
                  plan: LaunchPlan | None = None):
-    """Output (B, N_q, N_h*C_h) in value's dtype. Inputs in the layouts named by ``problem``."""
+    """Output (B, N_q, N_h*C_h) in value's dtype. Inputs in the layouts named by ``problem``.
+
+    Host work per call: one dict lookup for the cached context, the output allocation and one
+    kernel launch (no device synchronisation, no host -> device copy)."""
     import torch
-    import triton
 
-    from nkilib_msda.backends.triton_kernels.forward import (
-        msda_forward_kernel, msda_forward_samples_kernel)
-
-    _check_problem(problem, value, sampling_locations)
-    plan = plan or plan_launch(problem, dtype_name(value.dtype), value.device.index or 0)
+    ctx = _checked_context(problem, value, sampling_locations)
     value = value.contiguous()
     sampling_locations = sampling_locations.contiguous()
     attention_weights = attention_weights.contiguous()
     out = torch.empty(problem.output_shape, dtype=value.dtype, device=value.device)
-    shapes, starts = _level_tables(problem.spatial_shapes, problem.level_start_index, str(value.device))
-    cfg = plan.forward
-    n_blocks = triton.cdiv(problem.num_queries, cfg.block_q)
-    grid = (problem.batch * problem.num_heads * n_blocks,)
-    extra = {}
-    kernel = msda_forward_kernel
-    if plan.forward_kernel == "samples":
-        kernel = msda_forward_samples_kernel
-        extra["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
-    kernel[grid](
-        value, sampling_locations, attention_weights, out, shapes, starts,
-        problem.num_queries, problem.total_pixels, n_blocks, problem.batch,
-        BLOCK_Q=cfg.block_q, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **extra, **_static_args(problem, plan))
+    shapes, starts = ctx.tables()
+    default = ctx.plan
+    assert default is not None  # set whenever ctx.reason is None
+    if plan is None or plan == default:
+        launch = ctx.launcher(("fwd",), lambda: _forward_launch(problem, default))
+    else:
+        launch = _Launcher(*_forward_launch(problem, plan))
+    launch(value, sampling_locations, attention_weights, out, shapes, starts)
     return out
 
 
@@ -248,16 +430,18 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     and dtype; grad_attention_weights (B, N_q, N_h, N_l, N_p) in the weights' dtype; zeros
     where ``compute`` is False. ``deterministic=None`` reads env NKILIB_MSDA_DETERMINISTIC
     (else torch.are_deterministic_algorithms_enabled()); True gives a bitwise-reproducible
-    grad_value (sort + ordered per-row reduction) at extra cost.
+    grad_value (sort + ordered per-row reduction) at extra cost. grad_value is always
+    accumulated in fp32 (an fp32 scratch buffer, cast once, for 16-bit value dtypes).
     """
     import torch
     import triton
 
-    from nkilib_msda.backends.triton_kernels.backward import (
-        msda_backward_kernel, msda_grad_value_rows_kernel)
+    from nkilib_msda.backends.triton_kernels.backward import msda_grad_value_rows_kernel
 
-    _check_problem(problem, value, sampling_locations)
-    plan = plan or plan_launch(problem, dtype_name(value.dtype), value.device.index or 0)
+    ctx = _checked_context(problem, value, sampling_locations)
+    default_plan = plan is None or plan == ctx.plan
+    plan = ctx.plan if plan is None else plan
+    assert plan is not None  # set whenever ctx.reason is None
     want_value, want_loc, want_attn = (bool(c) for c in compute)
     deterministic = _resolve_deterministic(deterministic) and want_value
     device = value.device
@@ -266,10 +450,8 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     sampling_locations = sampling_locations.contiguous()
     attention_weights = attention_weights.contiguous()
 
-    alloc_loc = torch.empty_like if want_loc else torch.zeros_like
-    alloc_attn = torch.empty_like if want_attn else torch.zeros_like
-    grad_loc = alloc_loc(sampling_locations)
-    grad_attn = alloc_attn(attention_weights)
+    grad_loc = (torch.empty_like if want_loc else torch.zeros_like)(sampling_locations)
+    grad_attn = (torch.empty_like if want_attn else torch.zeros_like)(attention_weights)
     native = plan.grad_value_accumulator == "native" or value.dtype == torch.float32
     grad_value: torch.Tensor | None
     if deterministic:
@@ -283,21 +465,16 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
         grad_value = torch.zeros_like(value) if (native or not want_value) else None
         accumulator = grad_value if grad_value is not None else torch.zeros(
             value.shape, dtype=torch.float32, device=device)
-        num_rows = 0
         keys = coefs = accumulator  # placeholders, never touched when not DETERMINISTIC
 
     if want_value or want_loc or want_attn:
-        shapes, starts = _level_tables(problem.spatial_shapes, problem.level_start_index, str(device))
-        cfg = plan.backward
-        n_blocks = triton.cdiv(problem.num_queries, cfg.block_q)
-        grid = (problem.batch * problem.num_heads * n_blocks,)
-        msda_backward_kernel[grid](
-            grad_output, value, sampling_locations, attention_weights, shapes, starts,
-            accumulator, grad_loc, grad_attn, keys, coefs,
-            problem.num_queries, problem.total_pixels, n_blocks, problem.batch, num_rows,
-            COMPUTE_VALUE=want_value, COMPUTE_LOC=want_loc, COMPUTE_ATTN=want_attn,
-            DETERMINISTIC=deterministic, BLOCK_Q=cfg.block_q, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **_static_args(problem, plan))
+        flags = (want_value, want_loc, want_attn)
+        build = lambda: _backward_launch(problem, plan, flags, deterministic)  # noqa: E731
+        launch = (ctx.launcher(("bwd", flags, deterministic), build) if default_plan
+                  else _Launcher(*build()))
+        shapes, starts = ctx.tables()
+        launch(grad_output, value, sampling_locations, attention_weights, shapes, starts,
+               accumulator, grad_loc, grad_attn, keys, coefs)
 
     if deterministic:
         sorted_keys, perm = torch.sort(keys, stable=True)

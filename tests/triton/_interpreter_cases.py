@@ -154,6 +154,76 @@ def case_nonfinite_coordinates():
     return errors, bool(torch.isfinite(grads[1]).all())
 
 
+NONFINITE_SHAPES = ((6, 7), (5, 6))
+
+
+def _border_pixels(shapes):
+    """Flat pixel indices on the edge of each level."""
+    out, start = [], 0
+    for h, w in shapes:
+        for y in range(h):
+            for x in range(w):
+                if y in (0, h - 1) or x in (0, w - 1):
+                    out.append(start + y * w + x)
+        start += h * w
+    return out
+
+
+def nonfinite_value_inputs(seed, queries=10):
+    """Interior samples (their corners never touch an edge pixel) plus samples far outside the
+    map, whose masked corners are clamped onto edge pixels that hold inf / -inf / NaN."""
+    v, l, a, g = make(seed, batch=1, queries=queries, shapes=NONFINITE_SHAPES)
+    l = 0.35 + 0.3 * torch.rand(l.shape, generator=torch.Generator().manual_seed(seed + 100))
+    l[0, ::2, 0, 0, 0, :] = -0.6  # every corner left of / above the map
+    l[0, 1::3, 1, 1, 1, :] = 1.6  # every corner right of / below the map
+    l[0, 2::4, 0, 1, 2, 0] = -3.0  # x outside, y inside: still all four corners masked
+    border = _border_pixels(NONFINITE_SHAPES)
+    clean = v.clone()
+    clean[:, border] = 0.0
+    bad = v.clone()
+    for i, pixel in enumerate(border):
+        bad[:, pixel] = (float("inf"), float("-inf"), float("nan"))[i % 3]
+    return clean, bad, l, a, g
+
+
+def case_nonfinite_values_outside_map():
+    """A masked corner contributes nothing even when the pixel it is clamped to holds inf/NaN
+    (forward and every gradient); an in-map corner reading inf/NaN still propagates."""
+    clean, bad, l, a, g = nonfinite_value_inputs(11)
+    problem = validate_msda_args(bad, NONFINITE_SHAPES, None, l, a)
+    results = []
+    for changes in (_blocks(), dict(_blocks(4, 16), forward_kernel="samples")):
+        plan = tb.with_configs(tb.plan_launch(problem, "float32"), **changes)
+        out = tb.msda_forward(bad, problem, l, a, plan=plan)
+        grads = tb.msda_backward(g, bad, problem, l, a, plan=plan)
+        det = tb.msda_backward(g, bad, problem, l, a, plan=plan, deterministic=True)
+        results.append((out, grads, det))
+    args = [t.double().numpy() for t in (clean, l, a)]
+    ref_out = ms_deformable_attention_ref(args[0], NONFINITE_SHAPES, None, args[1], args[2])
+    ref_grads = ms_deformable_attention_bwd_ref(g.double().numpy(), args[0], NONFINITE_SHAPES,
+                                                None, args[1], args[2])
+    errors = [0.0] * 4
+    for out, grads, det in results:
+        for i, got in enumerate([out, *grads]):
+            errors[i] = max(errors[i], rel_l2(got, ([ref_out, *ref_grads])[i]))
+        errors[1] = max(errors[1], rel_l2(det[0], ref_grads[0]))
+    # Propagation: an interior pixel read by in-map corners holds inf -> the same outputs and
+    # gradients are non-finite as in the float64 reference.
+    hot = bad.clone()
+    hot[:, 2 * 7 + 3] = float("inf")  # level 0, row 2, column 3 (interior)
+    hot[:, _border_pixels(NONFINITE_SHAPES)] = clean[:, _border_pixels(NONFINITE_SHAPES)]
+    out = tb.msda_forward(hot, problem, l, a)
+    grads = tb.msda_backward(g, hot, problem, l, a)
+    hot64 = hot.double().numpy()
+    want = [ms_deformable_attention_ref(hot64, NONFINITE_SHAPES, None, args[1], args[2]),
+            *ms_deformable_attention_bwd_ref(g.double().numpy(), hot64, NONFINITE_SHAPES, None,
+                                             args[1], args[2])]
+    patterns = [np.array_equal(np.isfinite(got.double().numpy()), np.isfinite(ref))
+                for got, ref in zip([out, *grads], want)]
+    propagates = not np.isfinite(want[0]).all()
+    return errors, all(patterns) and propagates
+
+
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
 TOLERANCE_OVERRIDE = {"bf16_bnlc_zeros": 1e-2, "fp16_blnc_border": 1e-2}
 

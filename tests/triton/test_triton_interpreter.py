@@ -32,6 +32,7 @@ CASE_NAMES = [
     "deterministic_bitwise",
     "compute_subsets",
     "nonfinite_coordinates",
+    "nonfinite_values_outside_map",
 ]
 
 

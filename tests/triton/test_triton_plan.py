@@ -12,6 +12,14 @@ from nkilib_msda.validation import MSDAProblem  # noqa: E402
 DDETR = ((100, 167), (50, 84), (25, 42), (13, 21))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_contexts():
+    """Support reasons are cached per call signature; these tests change the environment."""
+    tb.clear_contexts()
+    yield
+    tb.clear_contexts()
+
+
 def problem(batch=2, queries=22223, heads=8, channels=32, levels=DDETR, points=4,
             padding_mode="zeros") -> MSDAProblem:
     starts, acc = [], 0
@@ -84,3 +92,102 @@ def test_deterministic_env_variable(monkeypatch, env, expected):
 def test_deterministic_defaults_to_torch_setting(monkeypatch):
     monkeypatch.delenv(tb.DETERMINISTIC_ENV, raising=False)
     assert tb._resolve_deterministic(None) is torch.are_deterministic_algorithms_enabled()
+
+
+def test_cpu_reason_says_cuda_tensors_and_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = torch.zeros(1, 1, 1, 1)
+    reason = tb.unsupported_reason(problem(), value, value)
+    assert "CUDA tensors" in reason and "TRITON_INTERPRET=1" in reason and "cpu" in reason
+
+
+def test_missing_triton_reason_says_not_installed(monkeypatch):
+    monkeypatch.setattr(tb, "_import_error", lambda: "triton is not installed (test)")
+    value = torch.zeros(1, 1, 1, 1)
+    assert tb.unsupported_reason(problem(), value, value) == "triton is not installed (test)"
+    assert not tb.is_available() and tb.unavailable_reason() == "triton is not installed (test)"
+
+
+def test_forward_on_cpu_without_interpreter_raises_value_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = torch.zeros(1, 20, 1, 4)
+    loc = torch.zeros(1, 3, 1, 1, 1, 2)
+    attn = torch.zeros(1, 3, 1, 1, 1)
+    p = MSDAProblem(batch=1, num_queries=3, num_heads=1, head_dim=4, num_levels=1, num_points=1,
+                    spatial_shapes=((4, 5),), level_start_index=(0,), value_layout="BLNC",
+                    sampling_locations_layout="BQHLP2", align_corners=False, padding_mode="zeros")
+    with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET=1"):
+        tb.msda_forward(value, p, loc, attn)
+
+
+def test_reason_is_computed_once_per_call_signature(monkeypatch):
+    calls = []
+    real = tb._compute_reason
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(tb, "_compute_reason", counting)
+    p = problem(padding_mode="reflection")
+    value = torch.zeros(1, 1, 1, 1)
+    first = tb.unsupported_reason(p, value, value)
+    assert tb.unsupported_reason(p, value, value) == first and "reflection" in first
+    assert len(calls) == 1
+    assert tb.unsupported_reason(problem(padding_mode="reflection"), value, value) == first
+    assert len(calls) == 1  # an equal problem object built anew shares the context
+    tb.unsupported_reason(p, value.double(), value)  # another dtype: another signature
+    assert len(calls) == 2
+
+
+class _FakeCompiled:
+    def __init__(self, log, fail=False):
+        self.log, self.fail = log, fail
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            if self.fail:
+                raise TypeError("launcher signature mismatch")
+            self.log.append(("direct", grid, args))
+        return runner
+
+
+class _FakeKernel:
+    """Stands in for a @triton.jit function: records JIT launches, returns a fake compiled kernel."""
+
+    arg_names = ["a", "b", "n", "BLOCK", "FLAG"]
+
+    def __init__(self, fail_direct=False):
+        self.log = []
+        self.compiled = _FakeCompiled(self.log, fail_direct)
+
+    def __getitem__(self, grid):
+        def jit(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return self.compiled
+        return jit
+
+
+def test_launcher_reuses_compiled_kernel_with_all_arguments_in_order(monkeypatch):
+    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    kernel = _FakeKernel()
+    launch = tb._Launcher(kernel, (6,), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
+    a, b = torch.zeros(4), torch.zeros(4)
+    launch(a, b)
+    launch(a, b)
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]
+    assert kernel.log[0][3] == dict(BLOCK=16, FLAG=True, num_warps=4)
+    _, grid, args = kernel.log[1]
+    assert grid == (6, 1, 1) and args[:2] == (a, b) and args[2:] == (7, 16, True)
+    launch(a[1:], b)  # another alignment: compiled again through the JIT
+    assert kernel.log[-1][0] == "jit"
+
+
+def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
+    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    kernel = _FakeKernel(fail_direct=True)
+    launch = tb._Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
+    a = torch.zeros(4)
+    for _ in range(3):
+        launch(a, a)
+    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "jit"]

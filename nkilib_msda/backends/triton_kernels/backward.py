@@ -21,13 +21,11 @@ from nkilib_msda.backends.triton_kernels.sampling import axis_setup, program_coo
 
 
 @triton.jit
-def _corner_dot(value_base, rows, g, ch, c_mask, ROW_STRIDE: tl.constexpr, EVEN_C: tl.constexpr):
-    """<g[q, :], V[rows[q], :]> for each query of the block (fp32)."""
+def _corner_dot(value_base, rows, valid, g, ch, c_mask, ROW_STRIDE: tl.constexpr):
+    """<g[q, :], V[rows[q], :]> for each query of the block (fp32); 0 for masked corners
+    (loaded as 0, so a clamped pixel holding inf/NaN cannot leak through a zero weight)."""
     ptrs = value_base + (rows * ROW_STRIDE)[:, None] + ch[None, :]
-    if EVEN_C:
-        vals = tl.load(ptrs)
-    else:
-        vals = tl.load(ptrs, mask=c_mask[None, :], other=0.0)
+    vals = tl.load(ptrs, mask=valid[:, None] & c_mask[None, :], other=0.0)
     return tl.sum(vals.to(tl.float32) * g, axis=1)
 
 
@@ -63,7 +61,6 @@ def msda_backward_kernel(
     """Shapes as the forward; grad_value in value's layout, grad_loc in loc's layout,
     grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
-    EVEN_C: tl.constexpr = BLOCK_C == HEAD_DIM
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
     pid = tl.program_id(0)
     if INDEX64:
@@ -133,10 +130,10 @@ def msda_backward_kernel(
             w11 = tl.where(m11, fx * fy, 0.0)
 
             if NEED_DOTS:
-                d00 = _corner_dot(value_base, r00, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d01 = _corner_dot(value_base, r01, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d10 = _corner_dot(value_base, r10, g, ch, c_mask, ROW_STRIDE, EVEN_C)
-                d11 = _corner_dot(value_base, r11, g, ch, c_mask, ROW_STRIDE, EVEN_C)
+                d00 = _corner_dot(value_base, r00, m00, g, ch, c_mask, ROW_STRIDE)
+                d01 = _corner_dot(value_base, r01, m01, g, ch, c_mask, ROW_STRIDE)
+                d10 = _corner_dot(value_base, r10, m10, g, ch, c_mask, ROW_STRIDE)
+                d11 = _corner_dot(value_base, r11, m11, g, ch, c_mask, ROW_STRIDE)
                 if COMPUTE_ATTN:
                     ga = w00 * d00 + w01 * d01 + w10 * d10 + w11 * d11
                     tl.store(grad_attn_ptr + sample + lp, ga.to(grad_attn_ptr.dtype.element_ty),

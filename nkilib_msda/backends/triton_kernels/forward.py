@@ -24,7 +24,6 @@ def msda_forward_kernel(
     """value (B,L,N_h,C_h)|(B,N_h,L,C_h); loc (B,N_q,N_h,N_l,N_p,2)|(B,2,N_q,N_h,N_l,N_p);
     attn (B,N_q,N_h,N_l,N_p); out (B,N_q,N_h*C_h); shapes int32 (N_l,2); starts int32 (N_l,)."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
-    EVEN_C: tl.constexpr = BLOCK_C == HEAD_DIM
     pid = tl.program_id(0)
     if INDEX64:
         pid = pid.to(tl.int64)
@@ -85,16 +84,12 @@ def msda_forward_kernel(
             p01 = value_base + (r01 * ROW_STRIDE)[:, None] + ch[None, :]
             p10 = value_base + (r10 * ROW_STRIDE)[:, None] + ch[None, :]
             p11 = value_base + (r11 * ROW_STRIDE)[:, None] + ch[None, :]
-            if EVEN_C:
-                v00 = tl.load(p00)
-                v01 = tl.load(p01)
-                v10 = tl.load(p10)
-                v11 = tl.load(p11)
-            else:
-                v00 = tl.load(p00, mask=c_mask[None, :], other=0.0)
-                v01 = tl.load(p01, mask=c_mask[None, :], other=0.0)
-                v10 = tl.load(p10, mask=c_mask[None, :], other=0.0)
-                v11 = tl.load(p11, mask=c_mask[None, :], other=0.0)
+            # Masked corners load 0 (not the clamped pixel): 0 * inf would leak NaN.
+            cm = c_mask[None, :]
+            v00 = tl.load(p00, mask=(vx0 & vy0)[:, None] & cm, other=0.0)
+            v01 = tl.load(p01, mask=(vx1 & vy0)[:, None] & cm, other=0.0)
+            v10 = tl.load(p10, mask=(vx0 & vy1)[:, None] & cm, other=0.0)
+            v11 = tl.load(p11, mask=(vx1 & vy1)[:, None] & cm, other=0.0)
             acc += w00[:, None] * v00.to(tl.float32)
             acc += w01[:, None] * v01.to(tl.float32)
             acc += w10[:, None] * v10.to(tl.float32)
@@ -118,7 +113,6 @@ def msda_forward_samples_kernel(
     set up and gathered at once as (BLOCK_Q, BLOCK_S, BLOCK_C) tiles (BLOCK_S = next power of
     two >= N_l*N_p), so every corner load of the block is in flight together."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
-    EVEN_C: tl.constexpr = BLOCK_C == HEAD_DIM
     pid = tl.program_id(0)
     if INDEX64:
         pid = pid.to(tl.int64)
@@ -159,6 +153,8 @@ def msda_forward_samples_kernel(
 
     x0, x1, fx, vx0, vx1, _sx = axis_setup(u, width[None, :], ALIGN_CORNERS, BORDER)
     y0, y1, fy, vy0, vy1, _sy = axis_setup(v, height[None, :], ALIGN_CORNERS, BORDER)
+    vx0 = vx0 & s_mask[None, :]  # padded samples: every corner masked
+    vx1 = vx1 & s_mask[None, :]
     top = start[None, :] + y0 * width[None, :]
     bottom = start[None, :] + y1 * width[None, :]
     r00 = top + x0
@@ -179,17 +175,11 @@ def msda_forward_samples_kernel(
     p01 = value_base + (r01 * ROW_STRIDE)[:, :, None] + chan
     p10 = value_base + (r10 * ROW_STRIDE)[:, :, None] + chan
     p11 = value_base + (r11 * ROW_STRIDE)[:, :, None] + chan
-    if EVEN_C:
-        v00 = tl.load(p00)
-        v01 = tl.load(p01)
-        v10 = tl.load(p10)
-        v11 = tl.load(p11)
-    else:
-        cm = c_mask[None, None, :]
-        v00 = tl.load(p00, mask=cm, other=0.0)
-        v01 = tl.load(p01, mask=cm, other=0.0)
-        v10 = tl.load(p10, mask=cm, other=0.0)
-        v11 = tl.load(p11, mask=cm, other=0.0)
+    cm = c_mask[None, None, :]  # masked corners load 0 (0 * inf would leak NaN)
+    v00 = tl.load(p00, mask=(vx0 & vy0)[:, :, None] & cm, other=0.0)
+    v01 = tl.load(p01, mask=(vx1 & vy0)[:, :, None] & cm, other=0.0)
+    v10 = tl.load(p10, mask=(vx0 & vy1)[:, :, None] & cm, other=0.0)
+    v11 = tl.load(p11, mask=(vx1 & vy1)[:, :, None] & cm, other=0.0)
     total = w00[:, :, None] * v00.to(tl.float32)
     total += w01[:, :, None] * v01.to(tl.float32)
     total += w10[:, :, None] * v10.to(tl.float32)

@@ -1,9 +1,13 @@
 """Shared ``@triton.jit`` helpers: bilinear sampling setup along one axis.
 
-Semantics follow msda-design.md Part A: pixel coordinate ``u*size - 0.5`` (align_corners=False)
-or ``u*(size - 1)`` (True), fp32 throughout; zeros padding masks corners outside the map,
-border padding clips the coordinate; NaN contributes nothing; indices are always clamped into
-the map so no access can leave the tensors. Also the program-to-work mapping.
+Semantics (the sampling conventions of docs/math.md, as the NumPy reference implements them):
+pixel coordinate ``u*size - 0.5`` (align_corners=False) or ``u*(size - 1)`` (True), fp32
+throughout; zeros padding masks corners outside the map, border padding clips the coordinate
+into [0, size-1] first (then a corner at ``size`` is outside and masked, and the derivative is
+0 on and beyond the border, as grid_sample's); NaN contributes nothing; indices are always
+clamped into the map so no access can leave the tensors. Kernels must load masked corners as
+0 (never multiply a clamped pixel by a zero weight: 0 * inf is NaN). Also the
+program-to-work mapping.
 """
 
 import triton
@@ -29,7 +33,7 @@ def axis_setup(u, size, ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr):
     # Replace NaN explicitly: min/max NaN semantics differ between the GPU and the interpreter.
     x = tl.where(finite, x, -2.0)
     if BORDER:
-        inside = (x >= 0.0) & (x <= size_f - 1.0)
+        inside = (x > 0.0) & (x < size_f - 1.0)
         x = tl.minimum(tl.maximum(x, 0.0), size_f - 1.0)
         d_scale = tl.where(inside & finite, scale, 0.0)
     else:
@@ -40,12 +44,8 @@ def axis_setup(u, size, ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr):
     frac = x - x0
     i0 = x0.to(tl.int32)
     i1 = i0 + 1
-    if BORDER:
-        valid0 = finite
-        valid1 = finite
-    else:
-        valid0 = finite & (i0 >= 0) & (i0 < size)
-        valid1 = finite & (i1 >= 0) & (i1 < size)
+    valid0 = finite & (i0 >= 0) & (i0 < size)
+    valid1 = finite & (i1 >= 0) & (i1 < size)
     i0 = tl.minimum(tl.maximum(i0, 0), size - 1)
     i1 = tl.minimum(tl.maximum(i1, 0), size - 1)
     return i0, i1, frac, valid0, valid1, d_scale

@@ -1,0 +1,132 @@
+"""Host time per call of the Triton path on a CUDA device, stage by stage (decoder shapes).
+
+    python benchmarks/host_overhead_gpu.py [--shape ddetr_dec] [--calls 200]
+
+Each number is the wall time per call of back-to-back calls with no synchronisation inside
+(the GPU queue absorbs the launches), i.e. what Python, torch and the Triton launches cost on
+the host; a decoder-sized call is bounded by max(this, its GPU time). Rows: allocation
+baselines, the backend functions called directly (direct compiled-kernel launches on and off),
+and the public function with autograd. Ends with a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import nkilib_msda  # noqa: E402
+from nkilib_msda.backends import triton_backend as tb  # noqa: E402
+from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
+from nkilib_msda.pytorch.problem_cache import validated_problem  # noqa: E402
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def gpu_us(fn) -> float:
+    import triton.testing
+
+    fn()
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="ddetr_dec", choices=list(SHAPES))
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args(argv)
+    shape = SHAPES[args.shape]
+    api = nkilib_msda.multi_scale_deformable_attention
+    table = ["| dtype | stage | host µs/call |", "|---|---|---|"]
+    for dtype_name in args.dtypes.split(","):
+        value, loc, attn, grad = make_inputs(shape, getattr(torch, dtype_name))
+        problem = validated_problem(value, shape.levels, None, loc, attn)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (value, loc, attn)]
+
+        def api_fwd_bwd():
+            out = api(leaves[0], shape.levels, None, leaves[1], leaves[2], backend="triton")
+            return torch.autograd.grad(out, leaves, grad)
+
+        def api_fwd():
+            with torch.no_grad():
+                return api(value, shape.levels, None, loc, attn, backend="triton")
+
+        class Trivial(torch.autograd.Function):
+            """Saves three inputs, allocates outputs: the autograd engine's own cost."""
+
+            @staticmethod
+            def forward(ctx, v, l, a):
+                ctx.save_for_backward(v, l, a)
+                return v.new_empty(problem.output_shape)
+
+            @staticmethod
+            def backward(ctx, g):
+                return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+        cpu_leaves = [torch.zeros(4, requires_grad=True) for _ in range(3)]
+
+        class TrivialCPU(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, v, l, a):
+                return v * 1.0
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, g, g
+
+        stages = {
+            "autograd floor: trivial Function fwd+bwd, CUDA tensors (baseline)":
+                lambda: torch.autograd.grad(Trivial.apply(*leaves), leaves, grad),
+            "autograd floor: trivial Function fwd+bwd, CPU tensors (baseline)":
+                lambda: torch.autograd.grad(TrivialCPU.apply(*cpu_leaves), cpu_leaves,
+                                            torch.ones(4)),
+            "torch.empty (baseline)": lambda: torch.empty(problem.output_shape, device="cuda"),
+            "torch.zeros_like(value) (baseline)": lambda: torch.zeros_like(value),
+            "validated_problem (cached)": lambda: validated_problem(value, shape.levels, None,
+                                                                    loc, attn),
+            "unsupported_reason (cached)": lambda: tb.unsupported_reason(problem, value, loc),
+            "backend msda_forward": lambda: tb.msda_forward(value, problem, loc, attn),
+            "backend msda_backward": lambda: tb.msda_backward(grad, value, problem, loc, attn,
+                                                              deterministic=False),
+            "api forward (no grad)": api_fwd,
+            "api forward+backward (autograd.grad)": api_fwd_bwd,
+        }
+        for fast in (True, False):
+            tb._FAST_LAUNCH[0] = fast
+            for name, fn in stages.items():
+                if "baseline" in name and not fast:
+                    continue
+                label = f"{name} [direct launch {'on' if fast else 'off'}]"
+                us = per_call_us(fn, args.calls)
+                table.append(f"| {dtype_name} | {label} | {us:.1f} |")
+                print(table[-1], flush=True)
+        tb._FAST_LAUNCH[0] = True
+        table.append(f"| {dtype_name} | GPU time of api forward+backward (graph replay) | "
+                     f"{gpu_us(api_fwd_bwd):.1f} |")
+        table.append(f"| {dtype_name} | GPU time of api forward (graph replay) | "
+                     f"{gpu_us(api_fwd):.1f} |")
+        print(table[-2], flush=True)
+    print("\n" + "\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
