@@ -1,11 +1,15 @@
 """nkilib_msda: multi-scale deformable attention kernels for Trainium (NKI), CPU and NVIDIA.
 
-The NumPy parts (reference, validation, simulator, NKI kernels) need only numpy and
-ml_dtypes. The torch-facing names below are imported lazily, so ``import nkilib_msda``
-works without torch installed.
+The NumPy parts (reference, validation, emulator, NKI kernels) need only numpy and
+ml_dtypes, so ``import nkilib_msda`` works without torch. When torch is installed, importing
+the package registers the operators ``torch.ops.nkilib_msda.*`` (MSDA and Block AttnRes), so a
+program saved with ``torch.export`` loads in a process that only imports nkilib_msda; the other
+torch-facing names below are imported lazily.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from nkilib_msda._lazy import lazy_exports
 from nkilib_msda._version import __version__
@@ -16,8 +20,13 @@ _LAZY = {
     "MSDeformAttn": "nkilib_msda.pytorch.modules",
     "MultiScaleDeformableAttention": "nkilib_msda.pytorch.modules",
     "patch_transformers_model": "nkilib_msda.pytorch.hf",
+    "register_hf_kernels": "nkilib_msda.pytorch.hf_kernels",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+if importlib.util.find_spec("torch") is not None:
+    import nkilib_msda.pytorch.block_attn_res  # noqa: E402,F401 - registers the Block AttnRes ops
+    import nkilib_msda.pytorch.ops  # noqa: E402,F401 - registers the MSDA operators
