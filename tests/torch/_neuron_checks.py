@@ -1,5 +1,6 @@
-"""Checks of the TorchNeuron path on the CPU stand-in device; run by test_torch_neuron.py in a
-subprocess (``python _neuron_checks.py NAME``), one check per process. Exit 0 = passed."""
+"""Checks of the TorchNeuron path on the CPU stand-in device; run by test_torch_neuron.py in one
+subprocess (``python _neuron_checks.py``), which prints ``PASSED <name>`` or ``FAILED <name>``
+with the traceback for each check in :data:`CHECKS` order."""
 
 from __future__ import annotations
 
@@ -146,7 +147,20 @@ def check_no_torch_neuronx_message() -> None:
         raise AssertionError("no error without torch-neuronx")
 
 
+CHECKS = ("functional_forward_backward", "direct_op_call", "module", "block_attn_res",
+          "lnc_degree", "no_torch_neuronx_message")  # the last two change process state
+
 if __name__ == "__main__":
-    ns.install_emulator_launcher()
-    globals()[f"check_{sys.argv[1]}"]()
-    print("PASSED", sys.argv[1])
+    import traceback
+
+    for name in sys.argv[1:] or CHECKS:
+        ns.install_emulator_launcher()
+        ns.LAUNCHES.clear()
+        os.environ.pop("NEURON_LOGICAL_NC_CONFIG", None)
+        try:
+            globals()[f"check_{name}"]()
+        except Exception:  # noqa: BLE001 - reported per check
+            print("FAILED", name)
+            traceback.print_exc(file=sys.stdout)
+        else:
+            print("PASSED", name)

@@ -1,5 +1,5 @@
 """The TorchNeuron path (``neuron`` device = PrivateUse1) on a CPU stand-in device whose kernel
-launches run in the emulator. Each check runs in a fresh subprocess because the stand-in
+launches run in the emulator. The checks run in one fresh subprocess because the stand-in
 renames PyTorch's PrivateUse1 backend (global, once per process); see _neuron_checks.py."""
 
 from __future__ import annotations
@@ -15,18 +15,22 @@ _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parents[1]
 
 
-def _run(name: str) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def checks_output() -> str:
+    result = _run()
+    return result.stdout + "\n" + result.stderr[-4000:]
+
+
+def _run() -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), str(_HERE), env.get("PYTHONPATH", "")])
     env.pop("NEURON_LOGICAL_NC_CONFIG", None)
     env.pop("NKILIB_MSDA_BACKEND", None)
-    return subprocess.run([sys.executable, str(_HERE / "_neuron_checks.py"), name], env=env,
+    return subprocess.run([sys.executable, str(_HERE / "_neuron_checks.py")], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("name", ["functional_forward_backward", "direct_op_call", "module",
                                   "block_attn_res", "lnc_degree", "no_torch_neuronx_message"])
-def test_neuron_standin(name):
-    result = _run(name)
-    assert result.returncode == 0 and f"PASSED {name}" in result.stdout, (
-        f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-4000:]}")
+def test_neuron_standin(name, checks_output):
+    assert f"PASSED {name}\n" in checks_output, checks_output
