@@ -186,9 +186,14 @@ class MultiScaleDeformableAttention(nn.Module):
     value_spatial_shapes_list [(H, W), ...] Python ints, level_start_index (N_l,),
     sampling_locations (B, N_q, N_h, N_l, N_p, 2), attention_weights (B, N_q, N_h, N_l, N_p),
     im2col_step)`` -> (B, N_q, N_h*C_h). Like HF's layer it has no ``__init__`` and no members
-    (the rules of the ``kernels`` hub layers); :func:`~nkilib_msda.pytorch.hf.patch_transformers_model`
+    besides the two the ``kernels`` hub layer rules allow: ``has_backward`` and
+    ``can_torch_compile`` (both true). It is the layer :func:`nkilib_msda.register_hf_kernels`
+    registers and :func:`~nkilib_msda.pytorch.hf.patch_transformers_model` swaps in; the latter
     may pin a backend per instance through the ``nkilib_msda_backend`` attribute.
     """
+
+    has_backward = True
+    can_torch_compile = True
 
     def forward(self, value: Tensor, value_spatial_shapes: Tensor,
                 value_spatial_shapes_list: list[tuple], level_start_index: Tensor,
