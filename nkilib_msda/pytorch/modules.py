@@ -82,6 +82,13 @@ class MSDeformAttn(nn.Module):
     def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
                  *, backend: str | None = None):
         super().__init__()
+        for name, arg in (("d_model", d_model), ("n_levels", n_levels), ("n_heads", n_heads),
+                          ("n_points", n_points)):
+            if isinstance(arg, bool) or not isinstance(arg, int):
+                raise TypeError(f"{name}: expected a positive int, got {arg!r} "
+                                f"({type(arg).__name__})")
+            if arg <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {arg}")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
         head_dim = d_model // n_heads

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nkilib_msda.validation import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
-__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache",
+__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
            "MAX_CACHED_PROBLEMS"]
 
 MAX_CACHED_PROBLEMS = 256
@@ -74,9 +74,18 @@ def _shapes_key(spatial_shapes: Any) -> tuple[tuple[int, ...], ...] | None:
     return tuple(pairs)
 
 
+def check_readable(name: str, x: Any) -> None:
+    """Spatial shapes and level starts are values: a meta tensor of them cannot be read."""
+    if isinstance(x, Tensor) and x.is_meta:
+        raise ValueError(f"{name}: expected values (a sequence of ints or a tensor with data), "
+                         f"got a meta tensor of shape {tuple(x.shape)}, whose values cannot be "
+                         "read; pass Python ints (meta value/locations/weights are fine)")
+
+
 def spatial_shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     """:func:`normalize_spatial_shapes` with a short cut for well-formed input (one host copy
     for a tensor); anything else gets the full checks and their errors."""
+    check_readable("spatial_shapes", spatial_shapes)
     if torch.compiler.is_compiling():
         return normalize_spatial_shapes(spatial_shapes)
     pairs = _shapes_key(spatial_shapes)
@@ -122,7 +131,10 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
                       sampling_locations: Any, attention_weights: Any, value_layout: str = "BLNC",
                       sampling_locations_layout: str = "BQHLP2", align_corners: bool = False,
                       padding_mode: str = "zeros", *, grad_output: Any = None) -> MSDAProblem:
-    """Same result and errors as :func:`validate_msda_args` (default ``padding_modes``)."""
+    """Same result and errors as :func:`validate_msda_args` (default ``padding_modes``), plus
+    empty inputs (see the module docstring) and a clear error for meta shape tensors."""
+    check_readable("spatial_shapes", spatial_shapes)
+    check_readable("level_start_index", level_start_index)
     key = None
     if not torch.compiler.is_compiling():  # symbolic sizes while tracing: validate fully
         key = _problem_key(value, spatial_shapes, level_start_index, sampling_locations,
