@@ -1,5 +1,5 @@
 """Drop-in replacements: Deformable-DETR's ``MSDeformAttnFunction`` / ``MSDeformAttn`` and HF
-transformers' stateless ``MultiScaleDeformableAttention`` layer (torch-integration.md §3-4)."""
+transformers' stateless ``MultiScaleDeformableAttention`` layer (see docs/torch.md)."""
 
 from __future__ import annotations
 
