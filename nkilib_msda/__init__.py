@@ -1,17 +1,17 @@
 """nkilib_msda: multi-scale deformable attention kernels for Trainium (NKI), CPU and NVIDIA.
 
 The NumPy parts (reference, validation, emulator, NKI kernels) need only numpy and
-ml_dtypes, so ``import nkilib_msda`` works without torch. When torch is installed, importing
-the package registers the operators ``torch.ops.nkilib_msda.*`` (MSDA and Block AttnRes), so a
-program saved with ``torch.export`` loads in a process that only imports nkilib_msda; the other
-torch-facing names below are imported lazily.
+ml_dtypes, so ``import nkilib_msda`` works without torch and does not import it. When torch is
+installed, the operators ``torch.ops.nkilib_msda.*`` (MSDA and Block AttnRes) are registered as
+soon as both are imported, in either order, so a program saved with ``torch.export`` loads in a
+process that only imports nkilib_msda and torch. The torch-facing names below are imported
+lazily.
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 from nkilib_msda._lazy import lazy_exports
+from nkilib_msda._torch_ops import register_torch_ops_when_available
 from nkilib_msda._version import __version__
 
 _LAZY = {
@@ -27,6 +27,4 @@ __all__ = ["__version__", *_LAZY]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-if importlib.util.find_spec("torch") is not None:
-    import nkilib_msda.pytorch.block_attn_res  # noqa: E402,F401 - registers the Block AttnRes ops
-    import nkilib_msda.pytorch.ops  # noqa: E402,F401 - registers the MSDA operators
+register_torch_ops_when_available()

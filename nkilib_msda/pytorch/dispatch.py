@@ -101,7 +101,7 @@ def _resolve(choice: BackendChoice, reason: str | None, unavailable: bool) -> st
     if not choice.explicit:
         return "reference"
     where = "backend argument" if choice.source == "argument" else choice.source
-    message = f"backend={choice.name!r} (from the {where}) cannot run this call: {reason}"
+    message = f"backend={choice.name!r} cannot run this call (from the {where}): {reason}"
     raise BackendUnavailableError(message) if unavailable else ValueError(message)
 
 
