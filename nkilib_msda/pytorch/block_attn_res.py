@@ -54,8 +54,7 @@ def _backend_module(backend: str, values: Tensor) -> Any:
 # ---------------------------------------------------------------- registered ops
 
 
-@torch.library.custom_op("nkilib_msda::block_attn_res", mutates_args=())
-def block_attn_res_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor],
+def _block_attn_res_impl(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor],
                       scale: float, rmsnorm_eps: float, enable_rmsnorm: bool,
                       backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """values [L, B, T, D] -> (h [B, T, D], rms [B, T, L, 1] or empty, alpha [B, T, L])."""
@@ -63,6 +62,10 @@ def block_attn_res_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Option
         module = _backend_module(backend, values)
         return module.block_attn_res_forward(values, proj_weight, rmsnorm_gamma, scale,
                                              rmsnorm_eps, enable_rmsnorm)
+
+
+block_attn_res_op = torch.library.custom_op("nkilib_msda::block_attn_res", _block_attn_res_impl,
+                                            mutates_args=())
 
 
 @block_attn_res_op.register_fake
@@ -75,8 +78,7 @@ def _block_attn_res_fake(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
             values.new_empty((b, t, n_src), dtype=cd))
 
 
-@torch.library.custom_op("nkilib_msda::block_attn_res_backward", mutates_args=())
-def block_attn_res_backward_op(grad_h: Tensor, values: Tensor, proj_weight: Tensor, alpha: Tensor,
+def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: Tensor, alpha: Tensor,
                                rmsnorm_gamma: Optional[Tensor], rms: Optional[Tensor], scale: float,
                                enable_rmsnorm: bool, backend: str = "auto"
                                ) -> tuple[Tensor, Tensor, Tensor]:
@@ -85,6 +87,10 @@ def block_attn_res_backward_op(grad_h: Tensor, values: Tensor, proj_weight: Tens
         module = _backend_module(backend, values)
         return module.block_attn_res_backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma,
                                               rms, scale, enable_rmsnorm)
+
+
+block_attn_res_backward_op = torch.library.custom_op(
+    "nkilib_msda::block_attn_res_backward", _block_attn_res_backward_impl, mutates_args=())
 
 
 @block_attn_res_backward_op.register_fake
@@ -119,8 +125,8 @@ def _backward(ctx: Any, grad_h: Tensor, _grad_rms: Tensor, _grad_alpha: Tensor) 
 block_attn_res_op.register_autograd(_backward, setup_context=_setup_context)
 
 # TorchNeuron's device (PrivateUse1) and autocast: as for the MSDA operators (ops.py).
-block_attn_res_op.register_kernel("privateuseone")(block_attn_res_op._init_fn)
-block_attn_res_backward_op.register_kernel("privateuseone")(block_attn_res_backward_op._init_fn)
+block_attn_res_op.register_kernel("privateuseone")(_block_attn_res_impl)
+block_attn_res_backward_op.register_kernel("privateuseone")(_block_attn_res_backward_impl)
 _LIB = torch.library.Library("nkilib_msda", "FRAGMENT")  # noqa: TOR901 - keys custom_op lacks
 register_autocast_passthrough(_LIB, "block_attn_res")
 register_autocast_passthrough(_LIB, "block_attn_res_backward")

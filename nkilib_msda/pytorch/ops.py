@@ -80,8 +80,7 @@ def _resolve_backend(backend: str, problem: MSDAProblem, value: Tensor, sampling
 # ----------------------------------------------------------------------------- forward
 
 
-@torch.library.custom_op(FORWARD_NAME, mutates_args=())
-def ms_deformable_attention(
+def _forward_op_impl(
     value: Tensor,
     spatial_shapes: list[int],
     level_start_index: list[int],
@@ -102,6 +101,9 @@ def ms_deformable_attention(
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode)
     return forward_with_backend(backend, problem, value, sampling_locations, attention_weights)
+
+
+ms_deformable_attention = torch.library.custom_op(FORWARD_NAME, _forward_op_impl, mutates_args=())
 
 
 def forward_with_backend(backend: str, problem: MSDAProblem, value: Tensor,
@@ -145,8 +147,7 @@ def _ms_deformable_attention_fake(value, spatial_shapes, level_start_index, samp
 # ---------------------------------------------------------------------------- backward
 
 
-@torch.library.custom_op(BACKWARD_NAME, mutates_args=())
-def ms_deformable_attention_bwd(
+def _backward_op_impl(
     grad_output: Tensor,
     value: Tensor,
     spatial_shapes: list[int],
@@ -172,6 +173,10 @@ def ms_deformable_attention_bwd(
                                    align_corners, padding_mode, grad_output=grad_output)
     return backward_with_backend(backend, problem, grad_output, value, sampling_locations,
                                  attention_weights, compute, deterministic)
+
+
+ms_deformable_attention_bwd = torch.library.custom_op(BACKWARD_NAME, _backward_op_impl,
+                                                      mutates_args=())
 
 
 def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tensor, value: Tensor,
@@ -207,8 +212,8 @@ def _ms_deformable_attention_bwd_fake(grad_output, value, spatial_shapes, level_
 
 # TorchNeuron's device is PrivateUse1 renamed to "neuron"; "privateuseone" is the name
 # torch.library accepts before (and after) the rename.
-ms_deformable_attention.register_kernel("privateuseone")(ms_deformable_attention._init_fn)
-ms_deformable_attention_bwd.register_kernel("privateuseone")(ms_deformable_attention_bwd._init_fn)
+ms_deformable_attention.register_kernel("privateuseone")(_forward_op_impl)
+ms_deformable_attention_bwd.register_kernel("privateuseone")(_backward_op_impl)
 
 _LIB = torch.library.Library("nkilib_msda", "FRAGMENT")  # noqa: TOR901 - keys custom_op lacks
 
