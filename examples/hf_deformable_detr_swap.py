@@ -24,7 +24,7 @@ import nkilib_msda  # noqa: E402
 
 
 def tiny_deformable_detr(seed: int = 0) -> DeformableDetrForObjectDetection:
-    """A 61k-parameter random Deformable DETR (torch-integration.md §7)."""
+    """A 61k-parameter random Deformable DETR (small config, random init, no download)."""
     backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
                             out_features=["stage2", "stage3", "stage4"])
     config = DeformableDetrConfig(

@@ -1,10 +1,13 @@
-"""Data-parallel training on Trainium2 with the NKI multi-scale deformable attention kernels.
+"""Data-parallel training on Trainium2/Trainium3 with the NKI multi-scale deformable attention
+kernels, on TorchNeuron (the native ``neuron`` device).
 
 A small deformable-attention detector head (conv pyramid -> MSDeformAttn encoder -> queries
-decoded by MSDeformAttn -> box regression) trained with DistributedDataParallel, one process per
-logical NeuronCore, on TorchNeuron's native ``neuron`` device (torch-neuronx 2.14+, Neuron SDK
-2.33+). ``MSDeformAttn(backend="nki")`` routes neuron tensors to the NKI forward/backward kernels
-registered as ``nki_op``s with ``register_autograd`` (nkilib_msda.pytorch.neuron).
+decoded by MSDeformAttn -> box regression) trained with DistributedDataParallel (default) or
+FSDP2 (``--fsdp``), one process per logical NeuronCore, on the ``neuron`` device
+(torch-neuronx 2.14+, Neuron SDK 2.33+). On ``neuron`` tensors the registered operators
+``torch.ops.nkilib_msda.*`` run their PrivateUse1 kernels, which launch the NKI forward and
+backward kernels (see docs/torch.md). The LNC degree comes from ``NEURON_LOGICAL_NC_CONFIG``
+(1 or 2); with ``--compile`` it must match neuronx-cc's ``--lnc`` (Trn2 default 2).
 
 One trn2.48xlarge (64 logical NeuronCores with the default LNC=2):
 
@@ -15,12 +18,16 @@ Several instances (EFA configured; same command on every node, node_rank 0..N-1)
     torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=64 \\
         --master_addr=$MASTER_ADDR --master_port=29500 examples/train_trn2.py
 
-``--compile`` wraps the model in ``torch.compile(backend="neuron", dynamic=False)``.
+``--compile`` wraps the model in ``torch.compile(backend="neuron", dynamic=False)``;
+``--fsdp`` shards parameters with FSDP2 (``torch.distributed.fsdp.fully_shard``) instead of DDP.
 
-Dry run on any CPU machine (no Neuron SDK): two gloo ranks under DistributedDataParallel, tiny
-sizes, the NKI kernels executed by the simulator:
+Dry run on any CPU machine (no Neuron SDK): two gloo ranks, tiny sizes, the NKI kernels
+executed by the package's emulator (``--fsdp`` works there too):
 
     python examples/train_trn2.py --dry-run
+
+Without torch-neuronx (and without ``--dry-run``) the script stops and says to use
+``--dry-run``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import argparse
 import datetime
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -95,9 +103,16 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     torch.manual_seed(args.seed)  # identical initial weights (DDP also broadcasts rank 0's)
     model = DeformableDetectorHead(args.d_model, args.levels, args.heads, args.points,
                                    args.queries, backend=args.backend).to(device)
-    ddp = DistributedDataParallel(model)
-    step_fn = torch.compile(ddp, backend="neuron", dynamic=False) if args.compile else ddp
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in (model.encoder, model.decoder):
+            fully_shard(block)
+        wrapped: nn.Module = fully_shard(model)
+    else:
+        wrapped = DistributedDataParallel(model)
+    step_fn = torch.compile(wrapped, backend="neuron", dynamic=False) if args.compile else wrapped
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(args.seed + 1000 * rank)  # a different shard per rank
     losses = []
     for step in range(args.steps):
@@ -112,21 +127,33 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         if rank == 0:
             print(f"step {step}: loss {losses[-1]:.4f}  {time.perf_counter() - start:.2f} s/step "
                   f"(world size {world_size})", flush=True)
-    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+    checksum = torch.stack([_full(p).detach().double().sum() for p in model.parameters()]).sum()
     gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
     dist.all_gather(gathered, checksum)
     if rank == 0:
         same = all(torch.equal(g, gathered[0]) for g in gathered)
         print(f"parameters identical on all {world_size} ranks: {same}", flush=True)
         if not same:
-            raise RuntimeError("DDP replicas diverged")
+            raise RuntimeError("data-parallel replicas diverged")
     return losses
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The whole parameter (FSDP2 parameters are sharded DTensors)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def run_on_neuron(args: argparse.Namespace) -> None:
     """One process per logical NeuronCore, launched by torchrun (env:// rendezvous)."""
-    import torch_neuronx  # noqa: F401 - registers the "neuron" device and process-group backend
-
+    try:
+        import torch_neuronx  # noqa: F401 - registers the "neuron" device and process-group backend
+    except ImportError as exc:
+        sys.exit(f"train_trn2.py: torch-neuronx is not installed ({exc}); this runs on a "
+                 "Trn2/Trn3 instance with TorchNeuron. On any other machine use --dry-run "
+                 "(CPU, 2 gloo ranks, NKI kernels in the emulator).")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        sys.exit("train_trn2.py: launch with torchrun (RANK/WORLD_SIZE unset), e.g. "
+                 "torchrun --nproc_per_node=64 examples/train_trn2.py")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(backend="neuron", init_method="env://", rank=rank, world_size=world_size)
     try:
@@ -136,7 +163,7 @@ def run_on_neuron(args: argparse.Namespace) -> None:
 
 
 def _dry_run_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
-    os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
+    os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")  # even where the Neuron nki is installed
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=120))
     try:
@@ -146,7 +173,7 @@ def _dry_run_worker(rank: int, world_size: int, port: int, args: argparse.Namesp
 
 
 def dry_run(args: argparse.Namespace) -> None:
-    """Two gloo ranks on CPU; backend "nki" runs the NKI kernels in the simulator."""
+    """Two gloo ranks on CPU; backend "nki" runs the NKI kernels in the emulator."""
     import torch.multiprocessing as mp
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -157,9 +184,12 @@ def dry_run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="DDP training with the NKI MSDA kernels on Trn2")
+    parser = argparse.ArgumentParser(
+        description="DDP/FSDP training with the NKI MSDA kernels on TorchNeuron (Trn2/Trn3)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="CPU: 2 gloo ranks, tiny sizes, NKI kernels in the simulator")
+                        help="CPU: 2 gloo ranks, tiny sizes, NKI kernels in the emulator")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard parameters with FSDP2 (fully_shard) instead of DDP")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="per rank")
     parser.add_argument("--image-size", type=int, default=None)

@@ -1,13 +1,17 @@
 """nkilib_msda: multi-scale deformable attention kernels for Trainium (NKI), CPU and NVIDIA.
 
-The NumPy parts (reference, validation, simulator, NKI kernels) need only numpy and
-ml_dtypes. The torch-facing names below are imported lazily, so ``import nkilib_msda``
-works without torch installed.
+The NumPy parts (reference, validation, emulator, NKI kernels) need only numpy and
+ml_dtypes, so ``import nkilib_msda`` works without torch and does not import it. When torch is
+installed, the operators ``torch.ops.nkilib_msda.*`` (MSDA and Block AttnRes) are registered as
+soon as both are imported, in either order, so a program saved with ``torch.export`` loads in a
+process that only imports nkilib_msda and torch. The torch-facing names below are imported
+lazily.
 """
 
 from __future__ import annotations
 
 from nkilib_msda._lazy import lazy_exports
+from nkilib_msda._torch_ops import register_torch_ops_when_available
 from nkilib_msda._version import __version__
 
 _LAZY = {
@@ -16,8 +20,11 @@ _LAZY = {
     "MSDeformAttn": "nkilib_msda.pytorch.modules",
     "MultiScaleDeformableAttention": "nkilib_msda.pytorch.modules",
     "patch_transformers_model": "nkilib_msda.pytorch.hf",
+    "register_hf_kernels": "nkilib_msda.pytorch.hf_kernels",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+register_torch_ops_when_available()

@@ -1,6 +1,6 @@
-"""Registry of MSDA compute backends for torch tensors.
+"""The one registry of compute backends for torch tensors (MSDA and Block AttnRes).
 
-Every backend module implements the same interface:
+Every backend module implements the MSDA interface:
 
 - ``is_available() -> bool``
 - ``unsupported_reason(problem, value, sampling_locations) -> str | None``
@@ -11,6 +11,15 @@ Every backend module implements the same interface:
   input layouts, any float dtype, zeros where ``compute`` is False; ``deterministic=True`` asks
   for a bitwise-reproducible grad_value (backends that are always deterministic ignore it).
 
+A forward-only call is checked with ``unsupported_reason`` alone; a backend whose backward
+has further limits adds ``backward_unsupported_reason(problem, value, sampling_locations)``.
+
+Backends listed in :data:`BLOCK_ATTN_RES_BACKENDS` also implement Block AttnRes:
+``block_attn_res_unsupported_reason(device, dtype) -> str | None``,
+``block_attn_res_forward(values, w, gamma, scale, eps, enable_rmsnorm) -> (h, rms, alpha)`` and
+``block_attn_res_backward(grad_h, values, w, alpha, gamma, rms, scale, enable_rmsnorm)
+-> (grad_values, grad_w, grad_gamma)`` (shapes in :mod:`nkilib_msda.pytorch.block_attn_res`).
+
 Modules are imported lazily so that e.g. Triton is only imported when asked for.
 """
 
@@ -19,7 +28,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["BACKEND_NAMES", "BackendUnavailableError", "get_backend", "backend_availability"]
+__all__ = ["BACKEND_NAMES", "BLOCK_ATTN_RES_BACKENDS", "BackendUnavailableError", "get_backend",
+           "backend_availability"]
 
 _MODULES = {
     "reference": "nkilib_msda.backends.reference_torch",
@@ -27,6 +37,8 @@ _MODULES = {
     "triton": "nkilib_msda.backends.triton_backend",
 }
 BACKEND_NAMES = tuple(_MODULES)
+# The backends that also implement Block AttnRes (there is no Triton Block AttnRes).
+BLOCK_ATTN_RES_BACKENDS = ("reference", "nki")
 
 
 class BackendUnavailableError(RuntimeError):

@@ -1,12 +1,26 @@
-"""The "nki" backend for CPU tensors: the NKI kernels executed by the simulator.
+"""The "nki" backend: the NKI kernels, in the emulator for CPU tensors and on the device for
+TorchNeuron's ``neuron`` tensors.
 
-The kernels take NumPy arrays in the simulator, so tensors are converted (bfloat16 through
-``ml_dtypes.bfloat16``) and the results converted back. The same argument preparation
-(:func:`call_forward_kernel`, :func:`call_backward_kernel`) is used by the Neuron glue in
-:mod:`nkilib_msda.pytorch.neuron`, where the kernels run on the device instead.
+- CPU tensors: the kernels run in the package's emulator (:func:`run_in_simulator`); tensors
+  are converted to NumPy (bfloat16 through ``ml_dtypes.bfloat16``) and back.
+- ``neuron`` tensors: the ``@nki.jit`` kernels are called directly on the device tensors, which
+  is how torch-neuronx runs NKI kernels in eager mode (it compiles each new combination of
+  shapes, dtypes and non-tensor arguments once); see docs/torch.md and
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/guides/how-to-work-with-nki.html
+  The launcher is replaceable (:func:`set_device_launcher`) so tests can run this path on CPU
+  with a stand-in device.
+- LNC degree: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2; unset means 1, the default of a kernel
+  called directly), validated by :func:`lnc_degree` before any launch. On the device the kernel
+  reads it itself (no bracket launch, which is being deprecated); the emulator is given it.
+  https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html
 
-Dtype policy (torch-integration.md section 6): sampling locations go to the kernels in float32,
-attention weights in the value's dtype; the kernels return grad_sampling_locations in float32.
+Argument preparation (:func:`call_forward_kernel`, :func:`call_backward_kernel`) is shared by
+both devices. Dtype policy: sampling locations go to the kernels in float32, attention weights
+in the value's dtype; the kernels return grad_sampling_locations in float32. Forward-only calls
+are checked against the forward planner only (:func:`unsupported_reason`); the backward
+planner's limits apply to the backward (:func:`backward_unsupported_reason`). The gather method
+is whichever the planner accepts ("transpose" first, then "copy", e.g. C_h > 1024 in 2-byte
+dtypes).
 """
 
 from __future__ import annotations
@@ -20,19 +34,25 @@ import torch
 
 from nkilib_msda.validation import MSDAProblem, dtype_name
 
-__all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward",
-           "run_in_simulator", "call_forward_kernel", "call_backward_kernel", "LNC_ENV_VAR",
-           "SUPPORTED_VALUE_DTYPES", "PADDING_MODES"]
+__all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
+           "msda_backward", "run_in_simulator", "call_forward_kernel", "call_backward_kernel",
+           "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "set_device_launcher",
+           "kernel_call", "forward_gather_method", "backward_gather_method",
+           "SUPPORTED_VALUE_DTYPES", "PADDING_MODES", "block_attn_res_unsupported_reason",
+           "block_attn_res_forward", "block_attn_res_backward"]
 
-LNC_ENV_VAR = "NKILIB_MSDA_SIM_LNC"
+LNC_ENV_VAR = "NEURON_LOGICAL_NC_CONFIG"
+# Older name for the emulated LNC degree; read only when NEURON_LOGICAL_NC_CONFIG is unset.
+LEGACY_SIM_LNC_ENV_VAR = "NKILIB_MSDA_SIM_LNC"
 SUPPORTED_VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PADDING_MODES = ("zeros", "border")
-# Device types whose tensors this backend (or the Neuron glue next to it) can take.
-_DEVICE_TYPES = ("cpu", "xla", "neuron", "privateuseone")
+GATHER_METHODS = ("transpose", "copy")  # in order of preference
+# CPU (emulator) and TorchNeuron's device ("privateuseone" before the rename).
+_DEVICE_TYPES = ("cpu", "neuron", "privateuseone")
 
 
 def is_available() -> bool:
-    """True when the simulator and the two kernels can be imported."""
+    """True when the emulator and the two kernels can be imported."""
     try:
         _kernels()
     except ImportError:
@@ -47,28 +67,76 @@ def _kernels() -> tuple[Any, Any]:
     return ms_deformable_attention, ms_deformable_attention_bwd
 
 
+def _device_reason(device: torch.device) -> str | None:
+    if device.type not in _DEVICE_TYPES:
+        return (f"the nki backend takes CPU tensors (emulator) or TorchNeuron 'neuron' tensors, "
+                f"got tensors on {device}")
+    return None
+
+
+def forward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
+    """The first gather method the forward planner accepts; raises its error if none does."""
+    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
+
+    return _first_plannable(lambda m: build_forward_config(problem, value_dtype, gather_method=m))
+
+
+def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
+    """The first gather method the backward planner accepts; raises its error if none does."""
+    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+
+    return _first_plannable(lambda m: make_backward_config(problem, value_dtype, gather_method=m))
+
+
+def _first_plannable(plan: Callable[[str], Any]) -> str:
+    error: ValueError | None = None
+    for method in GATHER_METHODS:
+        try:
+            plan(method)
+        except ValueError as exc:
+            error = error or exc
+            continue
+        return method
+    assert error is not None
+    raise error
+
+
 def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
                        sampling_locations: torch.Tensor) -> str | None:
-    """Why the NKI kernels cannot run this call (None when they can)."""
-    if value.device.type not in _DEVICE_TYPES:
-        return (f"the nki backend takes CPU tensors (simulator) or Neuron/XLA tensors, "
-                f"got tensors on {value.device}")
+    """Why the forward kernel cannot run this call (None when it can).
+
+    The kernels' own planners hold their limits (row-unit indices below 2^24, SBUF budget):
+    they are asked instead of restating the rules here."""
+    reason = _device_reason(value.device) or _mode_and_dtype_reason(problem, value)
+    if reason is not None:
+        return reason
+    try:
+        forward_gather_method(problem, dtype_name(value.dtype))
+    except ValueError as exc:
+        return f"the NKI forward kernel cannot plan this call: {exc}"
+    return None
+
+
+def backward_unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
+                                sampling_locations: torch.Tensor) -> str | None:
+    """Why the backward kernel cannot run this call (e.g. N_h*N_l > 128, SBUF budget)."""
+    reason = _device_reason(value.device) or _mode_and_dtype_reason(problem, value)
+    if reason is not None:
+        return reason
+    try:
+        backward_gather_method(problem, dtype_name(value.dtype))
+    except ValueError as exc:
+        return f"the NKI backward kernel cannot plan this call: {exc}"
+    return None
+
+
+def _mode_and_dtype_reason(problem: MSDAProblem, value: torch.Tensor) -> str | None:
     if problem.padding_mode not in PADDING_MODES:
         return (f"padding_mode={problem.padding_mode!r} is not supported by the NKI kernels "
                 f"(supported: {list(PADDING_MODES)}); use backend='reference'")
     if value.dtype not in SUPPORTED_VALUE_DTYPES:
         return (f"value dtype {dtype_name(value.dtype)} is not supported by the NKI kernels "
                 f"(supported: {[dtype_name(d) for d in SUPPORTED_VALUE_DTYPES]})")
-    # The kernels' own planners hold their limits (row-unit indices below 2^24, N_h*N_l <= 128
-    # for the backward, SBUF budget): ask them instead of restating the rules here.
-    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
-    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
-
-    try:
-        build_forward_config(problem, dtype_name(value.dtype))
-        make_backward_config(problem, dtype_name(value.dtype))
-    except ValueError as exc:
-        return f"the NKI kernels cannot plan this call: {exc}"
     return None
 
 
@@ -89,19 +157,32 @@ def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a.copy()).to(device)
 
 
-def default_lnc() -> int:
-    """Logical-core count for simulated runs: ``NKILIB_MSDA_SIM_LNC`` (1 or 2), default 1."""
-    raw = os.environ.get(LNC_ENV_VAR, "1").strip()
+def _lnc_from(var: str, raw: str) -> int:
+    raw = raw.strip()
     if raw not in ("1", "2"):
-        raise ValueError(f"{LNC_ENV_VAR}: expected 1 or 2, got {raw!r}")
+        raise ValueError(f"{var}: expected 1 or 2 (logical NeuronCores per kernel), got {raw!r}")
     return int(raw)
+
+
+def lnc_degree() -> int:
+    """The LNC degree for kernel launches: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), else the
+    older ``NKILIB_MSDA_SIM_LNC`` (emulator only), else 1. Anything else raises ValueError
+    naming the variable."""
+    raw = os.environ.get(LNC_ENV_VAR)
+    if raw is not None and raw.strip():
+        return _lnc_from(LNC_ENV_VAR, raw)
+    legacy = os.environ.get(LEGACY_SIM_LNC_ENV_VAR)
+    if legacy is not None and legacy.strip():
+        return _lnc_from(LEGACY_SIM_LNC_ENV_VAR, legacy)
+    return 1
 
 
 def run_in_simulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
     """Wrap an ``@nki.jit`` kernel so it takes and returns torch tensors, running on CPU.
 
-    Tensor arguments become NumPy arrays (HBM tensors in the simulator); everything else passes
-    through. Returns a tensor, or a tuple of tensors, on the first tensor argument's device.
+    Tensor arguments become NumPy arrays (HBM tensors in the emulator); ``None`` and other
+    values pass through. Returns a tensor, or a tuple of tensors, on the first tensor
+    argument's device. ``lnc`` defaults to :func:`lnc_degree` at call time.
     """
     from nkilib_msda.simulator import simulate
 
@@ -110,12 +191,42 @@ def run_in_simulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
         device = tensors[0].device if tensors else torch.device("cpu")
         conv = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
         kwconv = {k: _to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        result = simulate(kernel, lnc=lnc if lnc is not None else default_lnc())(*conv, **kwconv)
-        if isinstance(result, tuple):
+        result = simulate(kernel, lnc=lnc if lnc is not None else lnc_degree())(*conv, **kwconv)
+        if isinstance(result, (tuple, list)):
             return tuple(_to_torch(r, device) for r in result)
         return _to_torch(result, device)
 
     return call
+
+
+def _torch_neuronx_launcher(kernel: Any) -> Callable[..., Any]:
+    """Call the ``@nki.jit`` kernel on ``neuron`` tensors (torch-neuronx runs it)."""
+    try:
+        import torch_neuronx  # type: ignore[import-not-found]  # noqa: F401 - registers the device
+    except ImportError as exc:
+        raise RuntimeError(
+            "the nki backend got tensors on TorchNeuron's device but torch-neuronx cannot be "
+            f"imported ({exc}); install torch-neuronx on a Trn2/Trn3 instance") from exc
+    return kernel
+
+
+_device_launcher: Callable[[Any], Callable[..., Any]] = _torch_neuronx_launcher
+
+
+def set_device_launcher(launcher: Callable[[Any], Callable[..., Any]] | None) -> None:
+    """Replace how kernels are launched on non-CPU tensors: ``launcher(kernel)`` returns a
+    callable taking and returning torch tensors. None restores the torch-neuronx launcher."""
+    global _device_launcher
+    _device_launcher = launcher or _torch_neuronx_launcher
+
+
+def kernel_call(kernel: Any, device: torch.device) -> Callable[..., Any]:
+    """``kernel`` as a callable on torch tensors of ``device``: the emulator for CPU, the device
+    launcher otherwise. The LNC degree is validated first."""
+    degree = lnc_degree()
+    if device.type == "cpu":
+        return run_in_simulator(kernel, degree)
+    return _device_launcher(kernel)
 
 
 # ------------------------------------------------------- kernel argument preparation
@@ -140,9 +251,12 @@ def _layout_args(problem: MSDAProblem) -> tuple:
 def call_forward_kernel(call: Callable[..., Any], value: torch.Tensor, problem: MSDAProblem,
                         sampling_locations: torch.Tensor, attention_weights: torch.Tensor
                         ) -> torch.Tensor:
-    """Run the forward kernel through ``call`` (simulator wrapper or the device kernel)."""
+    """Run the forward kernel through ``call`` (emulator wrapper or the device kernel), with
+    the gather method the planner accepts."""
+    method = forward_gather_method(problem, dtype_name(value.dtype))
     value, locations, weights = _kernel_inputs(value, sampling_locations, attention_weights)
-    return call(value, *_static_args(problem), locations, weights, *_layout_args(problem))
+    return call(value, *_static_args(problem), locations, weights, *_layout_args(problem),
+                gather_method=method)
 
 
 def call_backward_kernel(call: Callable[..., Any], grad_output: torch.Tensor, value: torch.Tensor,
@@ -156,8 +270,9 @@ def call_backward_kernel(call: Callable[..., Any], grad_output: torch.Tensor, va
                          f"{tuple(compute)}")
     value, locations, weights = _kernel_inputs(value, sampling_locations, attention_weights)
     grad = grad_output.to(value.dtype).contiguous()
+    method = backward_gather_method(problem, dtype_name(value.dtype))
     outputs = call(grad, value, *_static_args(problem), locations, weights, *_layout_args(problem),
-                   compute_grad_value=bool(compute[0]),
+                   gather_method=method, compute_grad_value=bool(compute[0]),
                    compute_grad_sampling_locations=bool(compute[1]),
                    compute_grad_attention_weights=bool(compute[2]))
     if not isinstance(outputs, (tuple, list)):
@@ -173,9 +288,9 @@ def call_backward_kernel(call: Callable[..., Any], grad_output: torch.Tensor, va
 
 def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.Tensor,
                  attention_weights: torch.Tensor) -> torch.Tensor:
-    """Forward kernel in the simulator: (B, N_q, N_h*C_h) in value's dtype."""
+    """Forward kernel (emulator or device): (B, N_q, N_h*C_h) in value's dtype."""
     forward_kernel, _ = _kernels()
-    return call_forward_kernel(run_in_simulator(forward_kernel), value, problem,
+    return call_forward_kernel(kernel_call(forward_kernel, value.device), value, problem,
                                sampling_locations, attention_weights)
 
 
@@ -184,9 +299,71 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
                   compute: tuple[bool, bool, bool] = (True, True, True),
                   deterministic: bool | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward kernel in the simulator: (grad_value, grad_sampling_locations,
+    """Backward kernel (emulator or device): (grad_value, grad_sampling_locations,
     grad_attention_weights); zeros where ``compute`` is False. The kernel's fixed-order
     reduction is bitwise deterministic, so ``deterministic`` needs no action."""
     _, backward_kernel = _kernels()
-    return call_backward_kernel(run_in_simulator(backward_kernel), grad_output, value, problem,
-                                sampling_locations, attention_weights, compute)
+    return call_backward_kernel(kernel_call(backward_kernel, value.device), grad_output, value,
+                                problem, sampling_locations, attention_weights, compute)
+
+
+# ------------------------------------------------------------------ Block AttnRes
+
+
+def block_attn_res_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the Block AttnRes kernels cannot take tensors of ``device`` and ``dtype``."""
+    from nkilib_msda.experimental.block_attn_res.validation import KERNEL_DTYPES
+
+    reason = _device_reason(device)
+    if reason is not None:
+        return reason
+    if dtype_name(dtype) not in KERNEL_DTYPES:
+        return f"the NKI kernels take {list(KERNEL_DTYPES)}, got dtype {dtype_name(dtype)}"
+    return None
+
+
+def _run_block_kernel(kernel: Any, tensors: list[torch.Tensor | None], *static: Any
+                      ) -> tuple[torch.Tensor, ...]:
+    device = next(t for t in tensors if t is not None).device
+    outs = kernel_call(kernel, device)(*tensors, *static)
+    return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+
+
+def block_attn_res_forward(values: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor | None,
+                           scale: float, eps: float, enable_rmsnorm: bool
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """values [L, B, T, D] -> (h [B, T, D], rms [B, T, L, 1] fp32 or empty, alpha [B, T, L])."""
+    from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_attn_res_fwd
+
+    n_src, b, t, d = values.shape
+    gamma32 = gamma.float() if enable_rmsnorm and gamma is not None else None
+    outs = _run_block_kernel(block_attn_res_fwd,
+                             [values.reshape(n_src, b * t, d).contiguous(), w.float(), gamma32],
+                             float(scale), float(eps), bool(enable_rmsnorm))
+    h = outs[0].reshape(b, t, d)
+    alpha = outs[-1].reshape(b, t, n_src)
+    rms = (outs[1].reshape(b, t, n_src, 1) if enable_rmsnorm
+           else values.new_empty((0,), dtype=torch.float32))
+    return h, rms, alpha
+
+
+def block_attn_res_backward(grad_h: torch.Tensor, values: torch.Tensor, w: torch.Tensor,
+                            alpha: torch.Tensor, gamma: torch.Tensor | None,
+                            rms: torch.Tensor | None, scale: float, enable_rmsnorm: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] or empty)."""
+    from nkilib_msda.experimental.block_attn_res.block_attn_res_bwd import block_attn_res_bwd
+
+    n_src, b, t, d = values.shape
+    tokens = b * t
+    rms_on = enable_rmsnorm and gamma is not None and rms is not None
+    inputs = [grad_h.reshape(tokens, d).contiguous(), values.reshape(n_src, tokens, d).contiguous(),
+              w.float(), alpha.float().reshape(tokens, n_src),
+              gamma.float() if rms_on and gamma is not None else None,
+              rms.float().reshape(tokens, n_src) if rms_on and rms is not None else None]
+    outs = _run_block_kernel(block_attn_res_bwd, inputs, float(scale), bool(enable_rmsnorm))
+    grad_values = outs[0].reshape(n_src, b, t, d)
+    grad_w = outs[1].to(w.dtype)
+    grad_gamma = (outs[2].to(gamma.dtype) if rms_on and gamma is not None
+                  else w.new_empty((0,)))
+    return grad_values, grad_w, grad_gamma

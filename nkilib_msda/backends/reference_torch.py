@@ -1,14 +1,20 @@
 """Vectorized PyTorch MSDA with an analytic backward (the "reference" backend).
 
 Runs on any device and dtype, supports every layout and the three padding modes, and follows
-msda-design.md Part A exactly: ``loc[..., 0]`` is x along W, pixel x = u*W - 0.5
+the conventions of docs/math.md exactly: ``loc[..., 0]`` is x along W, pixel x = u*W - 0.5
 (``align_corners=False``) or u*(W-1) (``True``), corners (y0,x0), (y0,x1), (y1,x0), (y1,x1),
 grid_sample's padding rules, and exact derivatives (0 where a coordinate is clipped). A NaN
 coordinate (any non-finite one in reflection mode) contributes nothing and gets zero gradient.
+A corner outside the map contributes nothing to the output or to any gradient, even when the
+pixel its index was clamped to holds inf/NaN (its gathered value is masked, not multiplied by a
+zero weight); an in-map corner that reads inf/NaN propagates it.
 
 The backward is analytic (gather + ``index_add_``): autograd is off inside custom-op
 implementations, so it may not rely on ``torch.autograd``. Coordinates and accumulation are
 float64 for float64 inputs and float32 otherwise.
+
+This module also holds the Block AttnRes reference (closed-form torch, see
+docs/block_attn_res.md), registered for both operator families in :mod:`nkilib_msda.backends`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch
 
 from nkilib_msda.validation import MSDAProblem
 
-__all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward"]
+__all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward",
+           "block_attn_res_unsupported_reason", "block_attn_res_forward", "block_attn_res_backward"]
 
 # Gathered corner values held at once (B * q * N_h * N_l * N_p * 4 * C_h elements): queries are
 # processed in chunks below this, so memory stays bounded for encoder-size problems.
@@ -155,9 +162,11 @@ def _axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode
 @dataclass(frozen=True)
 class _Terms:
     """Per sample and corner, (B, N_q, N_h, N_l, N_p, 4): rows into the (B*N_h*L, C_h) view,
-    masked bilinear weights m_c*w_c and their derivatives with respect to normalized u and v."""
+    whether the corner is inside the map (bool), masked bilinear weights m_c*w_c and their
+    derivatives with respect to normalized u and v."""
 
     rows: torch.Tensor
+    inside: torch.Tensor
     weights: torch.Tensor
     d_du: torch.Tensor
     d_dv: torch.Tensor
@@ -194,8 +203,9 @@ def _terms(problem: MSDAProblem, levels: _LevelTables, u: torch.Tensor, v: torch
         return torch.stack((a, b, c, d), dim=-1)
 
     dx, dy = ax.frac, ay.frac
-    valid = corners(ay.valid0 & ax.valid0, ay.valid0 & ax.valid1,
-                    ay.valid1 & ax.valid0, ay.valid1 & ax.valid1).to(dtype)
+    inside = corners(ay.valid0 & ax.valid0, ay.valid0 & ax.valid1,
+                     ay.valid1 & ax.valid0, ay.valid1 & ax.valid1)
+    valid = inside.to(dtype)
     weights = corners((1 - dx) * (1 - dy), dx * (1 - dy), (1 - dx) * dy, dx * dy) * valid
     gx = corners(-(1 - dy), (1 - dy), -dy, dy) * valid
     gy = corners(-(1 - dx), -dx, (1 - dx), dx) * valid
@@ -205,7 +215,7 @@ def _terms(problem: MSDAProblem, levels: _LevelTables, u: torch.Tensor, v: torch
     batch_head = (torch.arange(p.batch, device=device)[:, None] * p.num_heads
                   + torch.arange(p.num_heads, device=device)[None, :])  # (B, N_h)
     rows = pixel + (batch_head * p.total_pixels)[:, None, :, None, None, None]
-    return _Terms(rows=rows, weights=weights,
+    return _Terms(rows=rows, inside=inside, weights=weights,
                   d_du=gx * ax.deriv[..., None], d_dv=gy * ay.deriv[..., None])
 
 
@@ -217,9 +227,13 @@ def _query_chunks(problem: MSDAProblem) -> list[slice]:
     return [slice(q0, min(q0 + step, p.num_queries)) for q0 in range(0, p.num_queries, step)]
 
 
-def _gather(value_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(…, 4) row indices -> (…, 4, C_h) value rows."""
-    return value_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, value_rows.shape[-1])
+def _gather(value_rows: torch.Tensor, terms: _Terms) -> torch.Tensor:
+    """(…, 4) corners -> (…, 4, C_h) value rows, zero for corners outside the map (the row they
+    were clamped to may hold inf/NaN, which a zero weight would turn into NaN)."""
+    rows = terms.rows
+    sampled = value_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, value_rows.shape[-1])
+    return torch.where(terms.inside[..., None], sampled, torch.zeros((), dtype=sampled.dtype,
+                                                                      device=sampled.device))
 
 
 # ----------------------------------------------------------------- public entry points
@@ -239,7 +253,7 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
     for qs in _query_chunks(p):
         terms = _terms(p, levels, u[:, qs], v[:, qs])
         coef = terms.weights * attn[:, qs, ..., None]  # (B, q, H, Nl, P, 4)
-        sampled = _gather(value_rows, terms.rows)  # (B, q, H, Nl, P, 4, C)
+        sampled = _gather(value_rows, terms)  # (B, q, H, Nl, P, 4, C)
         out[:, qs] = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
     return out.reshape(p.output_shape).to(value.dtype)
 
@@ -273,11 +287,13 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
         g = grad[:, qs]
         if want_value:
             coef = terms.weights * attn[:, qs, ..., None]
-            contrib = coef[..., None] * g[:, :, :, None, None, None, :]
+            contrib = torch.where(terms.inside[..., None],
+                                  coef[..., None] * g[:, :, :, None, None, None, :],
+                                  torch.zeros((), dtype=dtype, device=coef.device))
             with _deterministic_scatter(deterministic and grad_value.device.type != "cpu"):
                 grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
         if want_loc or want_attn:
-            sampled = _gather(value_rows, terms.rows)
+            sampled = _gather(value_rows, terms)
             dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g)  # <g, V[row_c]>
             if want_attn:
                 grad_attn[:, qs] = (terms.weights * dots).sum(-1)
@@ -300,3 +316,78 @@ def _deterministic_scatter(enable: bool | None) -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+# ------------------------------------------------------------------ Block AttnRes
+
+
+def block_attn_res_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """The reference runs Block AttnRes on every device and float dtype."""
+    return None
+
+
+def _block_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _block_query(w: torch.Tensor, gamma: torch.Tensor | None, scale: float, enable_rmsnorm: bool,
+                 cd: torch.dtype) -> torch.Tensor:
+    u = scale * w.to(cd)
+    return u * gamma.to(cd) if enable_rmsnorm and gamma is not None else u
+
+
+def block_attn_res_forward(values: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor | None,
+                           scale: float, eps: float, enable_rmsnorm: bool
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """values [L, B, T, D] -> (h [B, T, D] in values' dtype, rms [B, T, L, 1] or empty, alpha
+    [B, T, L]); caches in fp32 (fp64 for fp64 inputs)."""
+    cd = _block_compute_dtype(values.dtype)
+    v = values.to(cd)  # [L, B, T, D]
+    u = _block_query(w, gamma, scale, enable_rmsnorm, cd)
+    if enable_rmsnorm:
+        # Scale rows by m = max(max|v|, 1) before squaring: v^2 overflows fp32 for |v| > 1.8e19
+        # (docs/block_attn_res.md, "Numerical range"). r = m * sqrt(mean (v/m)^2 + eps/m^2).
+        m = v.abs().amax(-1, keepdim=True).clamp(min=1.0)
+        vs = v / m
+        r_m = torch.sqrt(vs.square().mean(-1) + eps / m.squeeze(-1).square())  # r / m, [L, B, T]
+        z = (torch.einsum("lbtd,d->lbt", vs, u) / r_m).permute(1, 2, 0)
+        rms = (m.squeeze(-1) * r_m).permute(1, 2, 0).unsqueeze(-1).contiguous()  # [B, T, L, 1]
+    else:
+        z = torch.einsum("lbtd,d->btl", v, u)
+        rms = values.new_empty((0,), dtype=cd)
+    alpha = torch.softmax(z, dim=-1)
+    h = torch.einsum("btl,lbtd->btd", alpha, v).to(values.dtype).contiguous()
+    return h, rms, alpha.contiguous()
+
+
+def block_attn_res_backward(grad_h: torch.Tensor, values: torch.Tensor, w: torch.Tensor,
+                            alpha: torch.Tensor, gamma: torch.Tensor | None,
+                            rms: torch.Tensor | None, scale: float, enable_rmsnorm: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
+    cd = _block_compute_dtype(values.dtype)
+    v, dh, a = values.to(cd), grad_h.to(cd), alpha.to(cd)
+    u = _block_query(w, gamma, scale, enable_rmsnorm, cd)
+    d_alpha = torch.einsum("btd,lbtd->btl", dh, v)
+    g = a * (d_alpha - (a * d_alpha).sum(-1, keepdim=True))  # dLoss/dz
+    rms_on = enable_rmsnorm and gamma is not None and rms is not None
+    coef_b = None
+    if rms_on:
+        assert rms is not None
+        r = rms.to(cd)[..., 0]
+        z = torch.einsum("lbtd,d->btl", v, u) / r  # recomputed (caches fix z only up to a constant)
+        coef_a = g / r
+        coef_b = -coef_a * z / (values.shape[-1] * r)
+    else:
+        coef_a = g
+    dv = a.permute(2, 0, 1)[..., None] * dh + coef_a.permute(2, 0, 1)[..., None] * u
+    if coef_b is not None:
+        dv = dv + coef_b.permute(2, 0, 1)[..., None] * v
+    beta = torch.einsum("btl,lbtd->d", coef_a, v)
+    if rms_on and gamma is not None:
+        grad_w = (scale * gamma.to(cd) * beta).to(w.dtype)
+        grad_gamma = (scale * w.to(cd) * beta).to(gamma.dtype)
+    else:
+        grad_w = (scale * beta).to(w.dtype)
+        grad_gamma = w.new_empty((0,))
+    return dv.to(values.dtype).contiguous(), grad_w, grad_gamma

@@ -1,9 +1,11 @@
 """``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API.
 
 Per call: validation (memoized on the call's static facts, :mod:`.problem_cache`), backend
-selection (:mod:`.dispatch`), then either the registered operator (tracing, modes, transforms,
-subclasses) or, in plain eager mode, the same operator body called directly (:mod:`.eager`),
-which saves ~100 µs of host time per call.
+selection (:mod:`.dispatch`; a forward-only call is checked against forward limits only), then
+either the registered operator (tracing, modes, transforms, subclasses, meta tensors, and
+TorchNeuron's ``neuron`` device, whose PrivateUse1 kernel launches the NKI kernels) or, in
+plain eager mode, the same operator body called directly (:mod:`.eager`), which saves ~100 µs
+of host time per call. Every path shares one autograd definition (:mod:`.ops`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from torch import Tensor
 from nkilib_msda._env import check_optional_bool
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops
-from nkilib_msda.pytorch.dispatch import NEURON_DEVICE_TYPES, select_backend
+from nkilib_msda.pytorch.dispatch import select_backend
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
 from nkilib_msda.pytorch.problem_cache import validated_problem
 from nkilib_msda.validation import MSDAProblem
 
 __all__ = ["multi_scale_deformable_attention", "validate_torch_args"]
+
+_FAST_PATH_DEVICES = ("cpu", "cuda")
 
 # Import the backend modules now (they import their heavy dependencies lazily), so that a first
 # call under torch.compile(fullgraph=True) does not have to import them while tracing.
@@ -85,17 +89,20 @@ def multi_scale_deformable_attention(
 
     Differentiable with respect to value, sampling_locations and attention_weights. Invalid
     arguments raise ``ValueError``/``TypeError`` naming the argument before any kernel runs.
+    Empty inputs (B = 0 or N_q = 0) return an empty output (and zero-size gradients) without
+    calling a kernel. Meta tensors go through the operators' fake kernels (shapes only).
     """
     deterministic = check_optional_bool("deterministic", deterministic)
     problem = validate_torch_args(value, spatial_shapes, level_start_index, sampling_locations,
                                   attention_weights, value_layout, sampling_locations_layout,
                                   align_corners, padding_mode)
-    name = select_backend(backend, problem, value, sampling_locations)
-    if name == "nki" and value.device.type in NEURON_DEVICE_TYPES:
-        from nkilib_msda.pytorch import neuron  # torch-neuronx glue, imported only on Neuron
-
-        return neuron.msda_on_neuron_device(value, problem, sampling_locations, attention_weights)
-    if can_skip_dispatcher(value, sampling_locations, attention_weights):
+    needs_backward = torch.is_grad_enabled() and (
+        value.requires_grad or sampling_locations.requires_grad or attention_weights.requires_grad)
+    name = select_backend(backend, problem, value, sampling_locations,
+                          needs_backward=needs_backward)
+    # Other devices (TorchNeuron's PrivateUse1, meta) always go through the dispatcher.
+    if value.device.type in _FAST_PATH_DEVICES and can_skip_dispatcher(
+            value, sampling_locations, attention_weights):
         return msda_forward_eager(problem, name, value, sampling_locations, attention_weights,
                                   deterministic)
     return torch.ops.nkilib_msda.ms_deformable_attention(

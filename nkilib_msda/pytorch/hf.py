@@ -4,7 +4,9 @@
   (deformable_detr, grounding_dino, mm_grounding_dino, rt_detr, omdet_turbo, lw_detr, rf_detr,
   pp_doclayout_v2/v3/v4, and any later one with the same forward) are matched **by class
   name** and forward signature, and each instance is replaced by
-  :class:`~nkilib_msda.pytorch.modules.MultiScaleDeformableAttention`.
+  :class:`~nkilib_msda.pytorch.modules.MultiScaleDeformableAttention` (the same layer that
+  :func:`nkilib_msda.register_hf_kernels` registers with the ``kernels`` hub; for models
+  carrying transformers' hub hook, ``kernels.kernelize`` is the other route).
 - mask2former and oneformer call a module-level function
   ``multi_scale_deformable_attention(value, spatial_shapes, loc, attn)``; the function of each
   such module present in the model is replaced (this affects every model of that family in

@@ -1,5 +1,5 @@
 """Drop-in replacements: Deformable-DETR's ``MSDeformAttnFunction`` / ``MSDeformAttn`` and HF
-transformers' stateless ``MultiScaleDeformableAttention`` layer (torch-integration.md §3-4)."""
+transformers' stateless ``MultiScaleDeformableAttention`` layer (see docs/torch.md)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,13 @@ class MSDeformAttn(nn.Module):
     def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
                  *, backend: str | None = None):
         super().__init__()
+        for name, arg in (("d_model", d_model), ("n_levels", n_levels), ("n_heads", n_heads),
+                          ("n_points", n_points)):
+            if isinstance(arg, bool) or not isinstance(arg, int):
+                raise TypeError(f"{name}: expected a positive int, got {arg!r} "
+                                f"({type(arg).__name__})")
+            if arg <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {arg}")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
         head_dim = d_model // n_heads
@@ -186,9 +193,14 @@ class MultiScaleDeformableAttention(nn.Module):
     value_spatial_shapes_list [(H, W), ...] Python ints, level_start_index (N_l,),
     sampling_locations (B, N_q, N_h, N_l, N_p, 2), attention_weights (B, N_q, N_h, N_l, N_p),
     im2col_step)`` -> (B, N_q, N_h*C_h). Like HF's layer it has no ``__init__`` and no members
-    (the rules of the ``kernels`` hub layers); :func:`~nkilib_msda.pytorch.hf.patch_transformers_model`
+    besides the two the ``kernels`` hub layer rules allow: ``has_backward`` and
+    ``can_torch_compile`` (both true). It is the layer :func:`nkilib_msda.register_hf_kernels`
+    registers and :func:`~nkilib_msda.pytorch.hf.patch_transformers_model` swaps in; the latter
     may pin a backend per instance through the ``nkilib_msda_backend`` attribute.
     """
+
+    has_backward = True
+    can_torch_compile = True
 
     def forward(self, value: Tensor, value_spatial_shapes: Tensor,
                 value_spatial_shapes_list: list[tuple], level_start_index: Tensor,

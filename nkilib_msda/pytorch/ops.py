@@ -1,27 +1,44 @@
-"""Registered operators ``torch.ops.nkilib_msda.ms_deformable_attention`` and ``..._bwd``.
+"""Registered operators ``torch.ops.nkilib_msda.ms_deformable_attention`` and ``..._bwd``, and
+the one autograd definition every path shares.
 
-Both are ``torch.library.custom_op``s with fake kernels, so they stay opaque single nodes under
-``torch.compile`` and pass ``torch.library.opcheck``. The forward's autograd calls the backward
-op, whose ``compute`` mask comes from ``ctx.needs_input_grad``. Spatial shapes travel as a flat
-int list ``[H0, W0, H1, W1, ...]``; ``backend`` names the backend module that does the work
-(the caller resolves it, see :mod:`nkilib_msda.pytorch.dispatch`).
+Both operators are ``torch.library.custom_op``s with fake kernels (which also serve meta
+tensors), so they stay opaque single nodes under ``torch.compile`` / ``torch.export`` and pass
+``torch.library.opcheck``. Registered per dispatch key:
 
-The operator bodies are :func:`forward_with_backend` and :func:`backward_with_backend`; the
-eager path of the functional API (:mod:`nkilib_msda.pytorch.eager`) calls the same functions
-without the dispatcher round trip.
+- the default implementation (every device): the operator bodies below;
+- ``PrivateUse1`` (TorchNeuron's ``neuron`` device): the same bodies, whose ``"auto"`` backend
+  resolves to ``"nki"`` there, so the NKI kernels run on the device (see docs/torch.md);
+- ``AutocastCPU`` / ``AutocastCUDA``: run the operator with autocast off, so an autocast region
+  never changes what the operators compute (they work in the dtypes they receive);
+- autograd: :func:`_backward`, built from :func:`save_msda_context` and
+  :func:`msda_input_gradients`, which the eager fast path's :class:`MSDAFunction` uses too.
+
+Spatial shapes travel as a flat int list ``[H0, W0, H1, W1, ...]``. ``backend`` names the
+backend module that does the work; ``"auto"`` picks it as the functional API does
+(:mod:`nkilib_msda.pytorch.dispatch`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nkilib_msda.backends import get_backend
+from nkilib_msda.pytorch._modes import autocast_disabled, can_skip_dispatcher, profiler_range
+from nkilib_msda.pytorch.dispatch import AUTO, select_backend
 from nkilib_msda.pytorch.problem_cache import validated_problem
 from nkilib_msda.validation import MSDAProblem
 
 __all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd", "flatten_spatial_shapes",
-           "problem_from_op_args", "forward_with_backend", "backward_with_backend"]
+           "problem_from_op_args", "forward_with_backend", "backward_with_backend",
+           "is_empty_problem", "MSDAStatic", "MSDAFunction", "save_msda_context",
+           "msda_input_gradients"]
+
+FORWARD_NAME = "nkilib_msda::ms_deformable_attention"
+BACKWARD_NAME = "nkilib_msda::ms_deformable_attention_bwd"
 
 
 def flatten_spatial_shapes(spatial_shapes: tuple[tuple[int, int], ...]) -> list[int]:
@@ -46,20 +63,24 @@ def problem_from_op_args(value: Tensor, spatial_shapes: list[int], level_start_i
         grad_output=grad_output)
 
 
-def _backend_module(backend: str, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor):
-    """The backend module, after checking it can run ``problem`` (direct op calls skip dispatch)."""
-    module = get_backend(backend)
-    reason = module.unsupported_reason(problem, value, sampling_locations)
-    if reason is not None:
-        raise ValueError(f"backend={backend!r} cannot run this call: {reason}")
-    return module
+def is_empty_problem(problem: MSDAProblem) -> bool:
+    """B = 0 or N_q = 0: the output is empty and no kernel runs."""
+    return problem.batch == 0 or problem.num_queries == 0
+
+
+def _resolve_backend(backend: str, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor,
+                     *, for_backward: bool) -> Any:
+    """The backend module for an operator call after checking it can run ``problem``; ``"auto"``
+    is resolved like the functional API's ``backend=None`` (direct op calls skip dispatch)."""
+    name = select_backend(None if backend == AUTO else backend, problem, value,
+                          sampling_locations, needs_backward=for_backward)
+    return get_backend(name)
 
 
 # ----------------------------------------------------------------------------- forward
 
 
-@torch.library.custom_op("nkilib_msda::ms_deformable_attention", mutates_args=())
-def ms_deformable_attention(
+def _forward_op_impl(
     value: Tensor,
     spatial_shapes: list[int],
     level_start_index: list[int],
@@ -69,7 +90,7 @@ def ms_deformable_attention(
     sampling_locations_layout: str = "BQHLP2",
     align_corners: bool = False,
     padding_mode: str = "zeros",
-    backend: str = "reference",
+    backend: str = "auto",
     deterministic: bool | None = None,
 ) -> Tensor:
     """MSDA forward: (B, N_q, N_h*C_h) in value's dtype, computed by ``backend``.
@@ -79,14 +100,20 @@ def ms_deformable_attention(
     problem = problem_from_op_args(value, spatial_shapes, level_start_index, sampling_locations,
                                    attention_weights, value_layout, sampling_locations_layout,
                                    align_corners, padding_mode)
-    module = _backend_module(backend, problem, value, sampling_locations)
-    return forward_with_backend(module, problem, value, sampling_locations, attention_weights)
+    return forward_with_backend(backend, problem, value, sampling_locations, attention_weights)
 
 
-def forward_with_backend(module, problem: MSDAProblem, value: Tensor, sampling_locations: Tensor,
-                         attention_weights: Tensor) -> Tensor:
-    """The forward operator's body once ``problem`` is validated and ``module`` can run it."""
-    out = module.msda_forward(value, problem, sampling_locations, attention_weights)
+ms_deformable_attention = torch.library.custom_op(FORWARD_NAME, _forward_op_impl, mutates_args=())
+
+
+def forward_with_backend(backend: str, problem: MSDAProblem, value: Tensor,
+                         sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
+    """The forward operator's body once ``problem`` is validated (empty problems call nothing)."""
+    if is_empty_problem(problem):
+        return value.new_zeros(problem.output_shape)
+    with autocast_disabled(value.device.type):
+        module = _resolve_backend(backend, problem, value, sampling_locations, for_backward=False)
+        out = module.msda_forward(value, problem, sampling_locations, attention_weights)
     return _as_like(out, value.dtype, None)
 
 
@@ -112,7 +139,7 @@ def _output_dims(value: Tensor, sampling_locations: Tensor, value_layout: str,
 def _ms_deformable_attention_fake(value, spatial_shapes, level_start_index, sampling_locations,
                                   attention_weights, value_layout="BLNC",
                                   sampling_locations_layout="BQHLP2", align_corners=False,
-                                  padding_mode="zeros", backend="reference", deterministic=None):
+                                  padding_mode="zeros", backend="auto", deterministic=None):
     return value.new_empty(_output_dims(value, sampling_locations, value_layout,
                                         sampling_locations_layout))
 
@@ -120,8 +147,7 @@ def _ms_deformable_attention_fake(value, spatial_shapes, level_start_index, samp
 # ---------------------------------------------------------------------------- backward
 
 
-@torch.library.custom_op("nkilib_msda::ms_deformable_attention_bwd", mutates_args=())
-def ms_deformable_attention_bwd(
+def _backward_op_impl(
     grad_output: Tensor,
     value: Tensor,
     spatial_shapes: list[int],
@@ -149,16 +175,21 @@ def ms_deformable_attention_bwd(
                                  attention_weights, compute, deterministic)
 
 
+ms_deformable_attention_bwd = torch.library.custom_op(BACKWARD_NAME, _backward_op_impl,
+                                                      mutates_args=())
+
+
 def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tensor, value: Tensor,
                           sampling_locations: Tensor, attention_weights: Tensor,
                           compute: list[bool], deterministic: bool | None = None
                           ) -> tuple[Tensor, Tensor, Tensor]:
     """The backward operator's body once ``problem`` (with ``grad_output``) is validated."""
     flags = tuple(bool(c) for c in compute)
-    if any(flags):
-        module = _backend_module(backend, problem, value, sampling_locations)
-        grads = module.msda_backward(grad_output, value, problem, sampling_locations,
-                                     attention_weights, flags, deterministic=deterministic)
+    if any(flags) and not is_empty_problem(problem):
+        with autocast_disabled(value.device.type):
+            module = _resolve_backend(backend, problem, value, sampling_locations, for_backward=True)
+            grads = module.msda_backward(grad_output, value, problem, sampling_locations,
+                                         attention_weights, flags, deterministic=deterministic)
     else:
         grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                  torch.zeros_like(attention_weights))
@@ -177,31 +208,115 @@ def _ms_deformable_attention_bwd_fake(grad_output, value, spatial_shapes, level_
             attention_weights.new_empty(attention_weights.shape))
 
 
-# ---------------------------------------------------------------------------- autograd
+# --------------------------------------------------- neuron (PrivateUse1) and autocast keys
+
+# TorchNeuron's device is PrivateUse1 renamed to "neuron"; "privateuseone" is the name
+# torch.library accepts before (and after) the rename.
+ms_deformable_attention.register_kernel("privateuseone")(_forward_op_impl)
+ms_deformable_attention_bwd.register_kernel("privateuseone")(_backward_op_impl)
+
+_LIB = torch.library.Library("nkilib_msda", "FRAGMENT")  # noqa: TOR901 - keys custom_op lacks
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def register_autocast_passthrough(lib: torch.library.Library, name: str) -> None:
+    """Autocast kernels for ``nkilib_msda::name``: rerun the operator with autocast off (on CPU
+    and CUDA), so its inputs keep their dtypes and its body computes exactly as outside."""
+    for key, device_type in (("AutocastCPU", "cpu"), ("AutocastCUDA", "cuda")):
+        def kernel(*args: Any, _device_type: str = device_type, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=_device_type, enabled=False):
+                return getattr(torch.ops.nkilib_msda, name).default(*args, **kwargs)
+
+        lib.impl(name, kernel, key)
+
+
+register_autocast_passthrough(_LIB, "ms_deformable_attention")
+register_autocast_passthrough(_LIB, "ms_deformable_attention_bwd")
+
+
+# ------------------------------------------------------------- the one autograd definition
+
+
+@dataclass(frozen=True)
+class MSDAStatic:
+    """The non-tensor facts the backward needs (validated problem, backend, determinism)."""
+
+    problem: MSDAProblem
+    backend: str
+    deterministic: bool | None
+
+
+def save_msda_context(ctx: Any, value: Tensor, sampling_locations: Tensor,
+                      attention_weights: Tensor, static: MSDAStatic) -> None:
+    """What every MSDA autograd node saves: the three inputs and the static facts."""
+    ctx.save_for_backward(value, sampling_locations, attention_weights)
+    ctx.msda_static = static
+
+
+def msda_input_gradients(ctx: Any, grad_output: Tensor, needs: tuple[bool, bool, bool]
+                         ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_value, grad_sampling_locations, grad_attention_weights), None where not needed.
+
+    ``needs`` are the ``needs_input_grad`` flags of the three tensors; they become the backward's
+    ``compute`` mask. In plain eager mode without ``create_graph`` the backward body runs
+    directly; otherwise (tracing, modes, double backward) through the backward operator.
+    """
+    value, sampling_locations, attention_weights = ctx.saved_tensors
+    static: MSDAStatic = ctx.msda_static
+    p = static.problem
+    compute = [bool(n) for n in needs]
+    if not torch.is_grad_enabled() and can_skip_dispatcher(grad_output, value, sampling_locations,
+                                                           attention_weights):
+        problem = validated_problem(
+            value, p.spatial_shapes, p.level_start_index, sampling_locations, attention_weights,
+            p.value_layout, p.sampling_locations_layout, p.align_corners, p.padding_mode,
+            grad_output=grad_output)
+        with profiler_range(BACKWARD_NAME):
+            grads = backward_with_backend(static.backend, problem, grad_output, value,
+                                          sampling_locations, attention_weights, compute,
+                                          static.deterministic)
+    else:
+        grads = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
+            grad_output, value, flatten_spatial_shapes(p.spatial_shapes),
+            list(p.level_start_index), sampling_locations, attention_weights, p.value_layout,
+            p.sampling_locations_layout, p.align_corners, p.padding_mode, static.backend,
+            compute, static.deterministic)
+    return tuple(g if flag else None for g, flag in zip(grads, compute))  # type: ignore[return-value]
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
     (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
      value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
      deterministic) = inputs
-    ctx.save_for_backward(value, sampling_locations, attention_weights)
-    ctx.static_args = (list(spatial_shapes), list(level_start_index), value_layout,
-                       sampling_locations_layout, align_corners, padding_mode, backend,
-                       deterministic)
+    problem = problem_from_op_args(value, list(spatial_shapes), list(level_start_index),
+                                   sampling_locations, attention_weights, value_layout,
+                                   sampling_locations_layout, align_corners, padding_mode)
+    save_msda_context(ctx, value, sampling_locations, attention_weights,
+                      MSDAStatic(problem, backend, deterministic))
 
 
-def _backward(ctx, grad_output: Tensor):
-    value, sampling_locations, attention_weights = ctx.saved_tensors
-    (spatial_shapes, level_start_index, value_layout, sampling_locations_layout, align_corners,
-     padding_mode, backend, deterministic) = ctx.static_args
-    compute = [ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]]
-    grad_value, grad_loc, grad_attn = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
-        grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-        attention_weights, value_layout, sampling_locations_layout, align_corners, padding_mode,
-        backend, compute, deterministic)
-    return (grad_value if compute[0] else None, None, None,
-            grad_loc if compute[1] else None, grad_attn if compute[2] else None,
-            None, None, None, None, None, None)
+def _backward(ctx: Any, grad_output: Tensor) -> tuple:
+    needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4])
+    grad_value, grad_loc, grad_attn = msda_input_gradients(ctx, grad_output, needs)
+    return (grad_value, None, None, grad_loc, grad_attn, None, None, None, None, None, None)
 
 
 ms_deformable_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class MSDAFunction(torch.autograd.Function):
+    """The eager fast path's autograd node: the same context and backward as the operator's."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, sampling_locations: Tensor, attention_weights: Tensor,
+                static: MSDAStatic) -> Tensor:
+        save_msda_context(ctx, value, sampling_locations, attention_weights, static)
+        with profiler_range(FORWARD_NAME):
+            return forward_with_backend(static.backend, static.problem, value,
+                                        sampling_locations, attention_weights)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple:
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        return (*msda_input_gradients(ctx, grad_output, needs), None)
+
+

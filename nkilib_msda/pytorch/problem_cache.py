@@ -12,10 +12,15 @@ layouts and padding mode, a ``bool`` flag, and shapes/starts made of plain ``int
 and ``4.0`` compare equal to ``1`` and ``4``, so their types are checked, not just their
 values). Anything else (NumPy ints, symbolic sizes while tracing, ...) goes to the full
 validation every time.
+
+Empty inputs (B = 0 or N_q = 0, which the shared validation rejects as kernel inputs) are
+validated on size-1 stand-ins after checking that B and N_q agree across the tensors; the
+problem then carries the real B and N_q, and the operators return empty results for it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,7 +28,7 @@ from torch import Tensor
 
 from nkilib_msda.validation import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
-__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache",
+__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
            "MAX_CACHED_PROBLEMS"]
 
 MAX_CACHED_PROBLEMS = 256
@@ -69,9 +74,18 @@ def _shapes_key(spatial_shapes: Any) -> tuple[tuple[int, ...], ...] | None:
     return tuple(pairs)
 
 
+def check_readable(name: str, x: Any) -> None:
+    """Spatial shapes and level starts are values: a meta tensor of them cannot be read."""
+    if isinstance(x, Tensor) and x.is_meta:
+        raise ValueError(f"{name}: expected values (a sequence of ints or a tensor with data), "
+                         f"got a meta tensor of shape {tuple(x.shape)}, whose values cannot be "
+                         "read; pass Python ints (meta value/locations/weights are fine)")
+
+
 def spatial_shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     """:func:`normalize_spatial_shapes` with a short cut for well-formed input (one host copy
     for a tensor); anything else gets the full checks and their errors."""
+    check_readable("spatial_shapes", spatial_shapes)
     if torch.compiler.is_compiling():
         return normalize_spatial_shapes(spatial_shapes)
     pairs = _shapes_key(spatial_shapes)
@@ -117,7 +131,10 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
                       sampling_locations: Any, attention_weights: Any, value_layout: str = "BLNC",
                       sampling_locations_layout: str = "BQHLP2", align_corners: bool = False,
                       padding_mode: str = "zeros", *, grad_output: Any = None) -> MSDAProblem:
-    """Same result and errors as :func:`validate_msda_args` (default ``padding_modes``)."""
+    """Same result and errors as :func:`validate_msda_args` (default ``padding_modes``), plus
+    empty inputs (see the module docstring) and a clear error for meta shape tensors."""
+    check_readable("spatial_shapes", spatial_shapes)
+    check_readable("level_start_index", level_start_index)
     key = None
     if not torch.compiler.is_compiling():  # symbolic sizes while tracing: validate fully
         key = _problem_key(value, spatial_shapes, level_start_index, sampling_locations,
@@ -130,11 +147,73 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
             key, problem = None, None
         if problem is not None:
             return problem
-    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
-                                 attention_weights, value_layout, sampling_locations_layout,
-                                 align_corners, padding_mode, grad_output=grad_output)
+    problem = _validate(value, spatial_shapes, level_start_index, sampling_locations,
+                        attention_weights, value_layout, sampling_locations_layout, align_corners,
+                        padding_mode, grad_output)
     if key is not None:
         if len(_PROBLEMS) >= MAX_CACHED_PROBLEMS:
             _PROBLEMS.clear()
         _PROBLEMS[key] = problem
     return problem
+
+
+# ------------------------------------------------------------------ empty inputs
+
+# (tensor name, layout -> (batch dim, query dim or None)) for the tensors carrying B and N_q.
+_LOC_DIMS = {"BQHLP2": (0, 1), "B2QHLP": (0, 2)}
+
+
+def _validate(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
+              attention_weights: Any, value_layout: Any, sampling_locations_layout: Any,
+              align_corners: Any, padding_mode: Any, grad_output: Any) -> MSDAProblem:
+    sizes = _empty_sizes(value, sampling_locations, attention_weights, sampling_locations_layout,
+                         grad_output)
+    if sizes is None:
+        return validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
+                                  attention_weights, value_layout, sampling_locations_layout,
+                                  align_corners, padding_mode, grad_output=grad_output)
+    batch, queries = sizes
+    loc_b, loc_q = _LOC_DIMS[sampling_locations_layout]
+    stand_ins = [_stand_in(value, {0: 1}),
+                 _stand_in(sampling_locations, {loc_b: 1, loc_q: 1}),
+                 _stand_in(attention_weights, {0: 1, 1: 1})]
+    grad = None if grad_output is None else _stand_in(grad_output, {0: 1, 1: 1})
+    problem = validate_msda_args(stand_ins[0], spatial_shapes, level_start_index, stand_ins[1],
+                                 stand_ins[2], value_layout, sampling_locations_layout,
+                                 align_corners, padding_mode, grad_output=grad)
+    return replace(problem, batch=batch, num_queries=queries)
+
+
+def _stand_in(t: Tensor, sizes: dict[int, int]) -> Tensor:
+    shape = [sizes.get(i, d) for i, d in enumerate(t.shape)]
+    return torch.empty(shape, dtype=t.dtype, device="meta")
+
+
+def _empty_sizes(value: Any, sampling_locations: Any, attention_weights: Any,
+                 sampling_locations_layout: Any, grad_output: Any) -> tuple[int, int] | None:
+    """(B, N_q) when the call is well-formed enough to read them and one of them is 0, after
+    checking they agree across the tensors; None otherwise (full validation decides)."""
+    tensors = (value, sampling_locations, attention_weights)
+    if not all(isinstance(t, Tensor) for t in tensors) or sampling_locations_layout not in _LOC_DIMS:
+        return None
+    if value.dim() != 4 or sampling_locations.dim() != 6 or attention_weights.dim() != 5:
+        return None
+    if grad_output is not None and (not isinstance(grad_output, Tensor) or grad_output.dim() != 3):
+        return None
+    loc_b, loc_q = _LOC_DIMS[sampling_locations_layout]
+    batch = int(value.shape[0])
+    queries = int(sampling_locations.shape[loc_q])
+    if batch != 0 and queries != 0:
+        return None
+    checks = [("sampling_locations", sampling_locations, loc_b, loc_q),
+              ("attention_weights", attention_weights, 0, 1)]
+    if grad_output is not None:
+        checks.append(("grad_output", grad_output, 0, 1))
+    for name, t, b_dim, q_dim in checks:
+        if int(t.shape[b_dim]) != batch:
+            raise ValueError(f"{name}: expected batch B={batch} (value's) at dim {b_dim}, got "
+                             f"shape {tuple(t.shape)}")
+        if int(t.shape[q_dim]) != queries:
+            raise ValueError(f"{name}: expected N_q={queries} (sampling_locations') at dim "
+                             f"{q_dim}, got shape {tuple(t.shape)}")
+    return batch, queries

@@ -42,3 +42,23 @@ def test_train_trn2_dry_run_example():
     out = _run("train_trn2.py", "--dry-run", "--steps", "2")
     assert "step 1: loss" in out
     assert "parameters identical on all 2 ranks: True" in out
+
+
+def test_train_trn2_without_torch_neuronx_says_to_use_dry_run():
+    pytest.importorskip("torch")
+    import importlib.util
+
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        pytest.skip("torch-neuronx is installed here")
+    env = dict(os.environ, NKILIB_MSDA_NKI="emulator")
+    result = subprocess.run([sys.executable, str(EXAMPLES / "train_trn2.py"), "--steps", "1"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0
+    assert "torch-neuronx" in result.stderr and "--dry-run" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_trn2_dry_run_with_fsdp():
+    out = _run("train_trn2.py", "--dry-run", "--steps", "2", "--fsdp")
+    assert "step 1: loss" in out
+    assert "parameters identical on all 2 ranks: True" in out

@@ -98,7 +98,7 @@ def test_env_var_choice_is_explicit_and_raises_when_unsupported(monkeypatch, no_
 
 
 @pytest.mark.parametrize("device,expected", [("cpu", "reference"), ("cuda", "triton"),
-                                             ("xla", "nki"), ("privateuseone", "nki")])
+                                             ("xla", "reference"), ("privateuseone", "nki")])
 def test_device_defaults(device, expected):
     assert dispatch.device_default_backend(torch.device(device)) == expected
 

@@ -1,0 +1,57 @@
+"""Whether the current call can be observed by anything but plain eager execution.
+
+Used by the eager fast path (:mod:`.eager`) and the shared autograd (:mod:`.ops`): the operator
+bodies may be called directly, without the dispatcher round trip, only when this says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["can_skip_dispatcher", "profiler_range", "autocast_disabled"]
+
+_PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
+_C = torch._C
+
+
+def can_skip_dispatcher(*tensors: Tensor) -> bool:
+    """Whether calling the operator bodies directly is indistinguishable from the operators.
+
+    False while tracing (torch.compile / export, ``torch.jit.trace``), under any
+    TorchDispatchMode or TorchFunctionMode, inside functorch transforms, for tensor subclasses
+    and for meta tensors (those go through the operators' fake kernels).
+    """
+    if torch.compiler.is_compiling() or _C._get_tracing_state() is not None:
+        return False
+    if _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled():
+        return False
+    if _C._functorch.peek_interpreter_stack() is not None:
+        return False
+    for t in tensors:
+        if type(t) not in _PLAIN_TENSOR_TYPES or t.is_meta:
+            return False
+    return True
+
+
+def profiler_range(name: str) -> ContextManager:
+    """A profiler range called ``name`` while a profiler runs (what the operator would show)."""
+    if _C._autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
+def autocast_disabled(device_type: str) -> ContextManager:
+    """Autocast off for ``device_type`` while the operator bodies run: the operators compute in
+    the dtypes they receive (fp32 coordinates and accumulation) whatever the caller's autocast
+    region says. A no-op when autocast is already off there."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type without autocast support
+        return contextlib.nullcontext()
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)

@@ -1,0 +1,137 @@
+"""HF kernel hub route: register_hf_kernels() + kernels.kernelize on tiny offline models
+(Deformable DETR, Grounding DINO, RT-DETR; random init from small configs, float64): the
+layers' forward becomes nkilib_msda's, outputs and parameter gradients stay the same.
+
+transformers applies its hub hook (``use_kernel_forward_from_hub``) only with a ``kernels``
+version in its supported range; with another one installed its decorator is a no-op, and the
+test applies the same hook itself with ``kernels.replace_kernel_forward_from_hub`` (what the
+decorator does), so the kernelize path is exercised either way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+kernels = pytest.importorskip("kernels")
+
+import nkilib_msda  # noqa: E402
+from nkilib_msda.backends import reference_torch  # noqa: E402
+from nkilib_msda.pytorch.hf_kernels import LAYER_NAME, NkilibMSDALayerRepository  # noqa: E402
+from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention  # noqa: E402
+from test_torch_hf import _forward_backward, _resnet, _tiny_deformable_detr, _tiny_rt_detr  # noqa: E402
+
+
+def _tiny_grounding_dino():
+    text = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32, vocab_size=64, max_position_embeddings=64)
+    config = transformers.GroundingDinoConfig(
+        backbone_config=_resnet(["stage2", "stage3", "stage4"]), use_timm_backbone=False,
+        use_pretrained_backbone=False, text_config=text, d_model=32, encoder_layers=1,
+        decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=10, num_feature_levels=4,
+        encoder_n_points=2, decoder_n_points=2, max_text_len=16, fusion_dropout=0.0,
+        fusion_droppath=0.0)
+    return transformers.GroundingDinoModel(config), "last_hidden_state"
+
+
+def _hf_layer_classes(model):
+    return {type(m) for m in model.modules() if type(m).__name__ == LAYER_NAME
+            and not isinstance(m, MultiScaleDeformableAttention)}
+
+
+@pytest.fixture
+def hooked():
+    """Give the HF layer classes the hub hook when transformers' decorator was a no-op."""
+    added = []
+
+    def hook(model):
+        for cls in _hf_layer_classes(model):
+            if not hasattr(cls, "kernel_layer_name"):
+                kernels.replace_kernel_forward_from_hub(cls, LAYER_NAME)
+                added.append(cls)
+        return model
+
+    yield hook
+    for cls in added:
+        del cls.kernel_layer_name
+        del cls.kernel_condition
+
+
+@pytest.mark.parametrize("build,sites,mode", [(_tiny_deformable_detr, 3, "training"),
+                                              (_tiny_deformable_detr, 3, "inference"),
+                                              (_tiny_grounding_dino, 3, "training"),
+                                              (_tiny_rt_detr, 2, "training")],
+                         ids=["deformable_detr", "deformable_detr-inference", "grounding_dino",
+                              "rt_detr"])
+def test_kernelize_swaps_in_nkilib_and_keeps_outputs_and_gradients(build, sites, mode, hooked,
+                                                                   monkeypatch):
+    torch.manual_seed(0)
+    model, output_name = build()
+    model = hooked(model.double().eval())
+    g = torch.Generator().manual_seed(1)
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=g)}
+    if "GroundingDino" in type(model).__name__:
+        inputs["input_ids"] = torch.randint(0, 64, (2, 7), generator=g)
+
+    def run():
+        model.zero_grad()
+        out = getattr(model(**inputs), output_name)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                              if p.grad is not None}
+
+    out_before, grads_before = run()
+    calls = []
+    real = reference_torch.msda_forward
+    monkeypatch.setattr(reference_torch, "msda_forward",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    mapping = nkilib_msda.register_hf_kernels()
+    assert set(mapping[LAYER_NAME]) == {"cpu", "cuda", "neuron"}
+    kernel_mode = kernels.Mode.TRAINING if mode == "training" else kernels.Mode.INFERENCE
+    kernels.kernelize(model, device="cpu", mode=kernel_mode, use_fallback=False)
+    layers = [m for m in model.modules() if type(m).__name__ == LAYER_NAME]
+    assert len(layers) == sites
+    assert all(m.forward.__func__ is MultiScaleDeformableAttention.forward for m in layers)
+    out_after, grads_after = run()
+    assert len(calls) == sites  # every site ran nkilib_msda (reference backend on CPU)
+    torch.testing.assert_close(out_after, out_before, rtol=1e-10, atol=1e-12)
+    assert grads_after.keys() == grads_before.keys() and len(grads_before) > 20
+    for name, before in grads_before.items():
+        scale = before.abs().max().item()
+        torch.testing.assert_close(grads_after[name], before, rtol=1e-9,
+                                   atol=1e-12 + 1e-10 * scale, msg=name)
+
+
+def test_layer_declares_modes_and_passes_the_kernels_layer_rules():
+    from transformers.models.deformable_detr import modeling_deformable_detr as ddetr
+    from kernels.layer.layer import _validate_layer
+
+    assert MultiScaleDeformableAttention.has_backward is True
+    assert MultiScaleDeformableAttention.can_torch_compile is True
+    repo = NkilibMSDALayerRepository()
+    assert repo.load() is MultiScaleDeformableAttention and repo == NkilibMSDALayerRepository()
+    _validate_layer(check_cls=ddetr.MultiScaleDeformableAttention, cls=repo.load(), repo=repo)
+
+
+def test_kernelize_for_compile_mode_keeps_our_layer(hooked):
+    torch.manual_seed(2)
+    model, _ = _tiny_deformable_detr()
+    hooked(model)
+    nkilib_msda.register_hf_kernels(["cpu"])
+    kernels.kernelize(model, device="cpu",
+                      mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE, use_fallback=False)
+    layers = [m for m in model.modules() if type(m).__name__ == LAYER_NAME]
+    assert layers and all(m.forward.__func__ is MultiScaleDeformableAttention.forward
+                          for m in layers)
+
+
+def test_register_hf_kernels_rejects_bad_devices():
+    with pytest.raises(ValueError, match="devices"):
+        nkilib_msda.register_hf_kernels(["tpu"])
+    with pytest.raises(TypeError, match="devices"):
+        nkilib_msda.register_hf_kernels("cpu")
