@@ -318,8 +318,8 @@ def ds(start: int, size: int) -> slice:
     for v, n in ((start, "start"), (size, "size")):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise nki_error("ds", n, f"{n} must be an int, got {type(v).__name__}")
-    if size < 1 or start < 0:
-        raise nki_error("ds", "range", f"ds(start={start}, size={size}): need start >= 0, size >= 1")
+    if size < 0 or start < 0:  # size 0 is an empty range (nki-library shards can be empty)
+        raise nki_error("ds", "range", f"ds(start={start}, size={size}): need start >= 0, size >= 0")
     return slice(int(start), int(start) + int(size), 1)
 
 
