@@ -181,12 +181,12 @@ def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTenso
 _REGIONS = {"sbuf": sbuf, "psum": psum, "private_hbm": private_hbm, "shared_hbm": shared_hbm}
 
 
-def empty_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+def empty_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return ndarray(x.shape, dtype or x.dtype, buffer=buffer or _REGIONS[x.buffer], name=name)
 
 
-def zeros_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return zeros(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+def zeros_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return zeros(x.shape, dtype or x.dtype, buffer=buffer or _REGIONS[x.buffer], name=name)
 
 
 def shared_constant(constant: Any, dtype: Any = None, name: str = "") -> NkiTensor:
@@ -200,9 +200,9 @@ def shared_constant(constant: Any, dtype: Any = None, name: str = "") -> NkiTens
     return t
 
 
-def shared_identity_matrix(n: int, dtype: Any = uint8, name: str = "") -> NkiTensor:
-    """An (n, n) identity tile in SBUF (for PE transposes)."""
-    t = ndarray((n, n), dtype, buffer=sbuf, name=name or "identity")
+def shared_identity_matrix(n: int, dtype: Any = uint8, dst: Any = None, name: str = "") -> NkiTensor:
+    """An (n, n) identity tile in SBUF (for PE transposes); written into ``dst`` when given."""
+    t = dst if dst is not None else ndarray((n, n), dtype, buffer=sbuf, name=name or "identity")
     write(t, np.eye(n, dtype=np.float32).reshape(-1), "shared_identity_matrix")
     return t
 
@@ -323,9 +323,10 @@ def ds(start: int, size: int) -> slice:
     return slice(int(start), int(start) + int(size), 1)
 
 
-def range(*args: int) -> builtins.range:  # noqa: A001 - NKI name
-    """``nl.range``: a plain Python range (loops unroll at specialization)."""
-    return builtins.range(*args)
+def range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:  # noqa: A001
+    """``nl.range`` / ``affine_range`` / ``sequential_range`` / ``static_range(start, stop=None,
+    step=1)``: a plain Python range (loops unroll at specialization)."""
+    return builtins.range(start) if stop is None else builtins.range(start, stop, step)
 
 
 # affine_range / sequential_range / static_range are deprecated aliases of range in 0.6.
@@ -390,8 +391,9 @@ def while_loop(init: Any, body_fun: Any) -> None:
             raise nki_error("while_loop", "body_fun", "body_fun must return the next condition")
 
 
-def device_print(prefix: str, x: Any) -> None:
-    """Print a tensor's values (or any value) with ``prefix``."""
+def device_print(print_prefix: str, tensor: Any) -> None:
+    """Print a tensor's values (or any value) with ``print_prefix``."""
+    prefix, x = print_prefix, tensor
     from nkilib_msda.simulator.access import read
 
     if isinstance(x, NkiTensor):
