@@ -171,6 +171,7 @@ def test_sendrecv_and_sendrecv_compute_exchange_between_the_two_cores(monkeypatc
         simulate(exchange)(x)
 
 
+@pytest.mark.slow  # importing torch alone doubles the emulator suite's time; run with -m slow
 def test_torch_tensors_in_torch_tensors_out(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
