@@ -15,7 +15,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard"]
+__all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard",
+           "OtherProgramAborted"]
 
 
 class NkiError(Exception):
@@ -71,3 +72,8 @@ def hazard(instruction: str, rule: str, detail: str, *, strict: bool,
                                                     "error)")
     warnings.warn(NkiHazardWarning(f"{instruction}: {rule}: {detail}", instruction=instruction,
                                    rule=rule), stacklevel=stacklevel)
+
+
+class OtherProgramAborted(Exception):
+    """Raised in one LNC program because another program of the same run failed or the run was
+    interrupted (Ctrl-C); never the cause of a failure, so callers re-raise the other error."""

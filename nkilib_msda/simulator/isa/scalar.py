@@ -24,7 +24,7 @@ from nkilib_msda.simulator.dtypes import quiet_fp, tfloat32
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
-from nkilib_msda.simulator.isa.enums import reduce_cmd as _reduce_cmd
+from nkilib_msda.simulator.isa.enums import as_enum, reduce_cmd as _reduce_cmd
 
 __all__ = ["activation", "activation_reduce", "activate2", "exponential"]
 
@@ -95,6 +95,7 @@ def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0,
 def _reduce_cmd_name(instr: str, reduce_cmd: Any) -> str:
     if reduce_cmd is None:
         return "idle"
+    reduce_cmd = as_enum(reduce_cmd, _reduce_cmd, "reduce_cmd", instr)  # raw ints (R11)
     name = getattr(reduce_cmd, "name", None)
     if isinstance(reduce_cmd, (int, str)) or name not in (
             "idle", "reset", "reduce", "reset_reduce"):
