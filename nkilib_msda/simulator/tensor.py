@@ -313,7 +313,7 @@ class NkiTensor(_ViewBase):
                             self.offset)
 
     def broadcast(self, dim: int, size: int) -> "NkiTensor":
-        """Repeat a size-1 dim ``size`` times (stride 0); never dim 0 (nki-subset.md §3 says
+        """Repeat a size-1 dim ``size`` times (stride 0); never dim 0 (the access-pattern rules say
         "not dim 0" without restricting it to on-chip tensors, so HBM dim 0 is rejected too)."""
         d = self._dim(dim, "broadcast")
         self._no_partition_change(d, "broadcast")
@@ -471,7 +471,7 @@ class NkiTensor(_ViewBase):
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None,
            scalar_offset: Any = None, vector_offset: Any = None, indirect_dim: int = 0,
            dtype: Any = None) -> "NkiTensor | IndirectAccess | DynamicAccess":
-        """Explicit access pattern over this tensor's storage (see nki-subset.md §3)."""
+        """Explicit access pattern over this tensor's storage (see docs/simulator.md)."""
         return _make_ap(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
 
 
@@ -682,7 +682,7 @@ _VIEW_METHODS = ("slice", "select", "permute", "broadcast", "expand_dim", "squee
 
 class _DynamicViewBase(_ViewBase):
     """Dynamic (indirect / scalar-offset / dynamic-select) views are terminal: the indirect dim
-    cannot be sliced afterwards and a tensor takes one indirection (nki-subset.md §3)."""
+    cannot be sliced afterwards and a tensor takes one indirection (docs/simulator.md)."""
 
     def __getitem__(self, key: Any) -> Any:
         raise nki_error("tensor indexing", "dynamic view",

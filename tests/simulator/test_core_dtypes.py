@@ -1,4 +1,4 @@
-"""NKI dtypes and cast rules (nki-subset.md §4 Numerics)."""
+"""NKI dtypes and cast rules (docs/simulator.md)."""
 
 import ml_dtypes
 import numpy as np

@@ -1,4 +1,4 @@
-"""Tensor indexing, view methods and .ap() access patterns (nki-subset.md §3)."""
+"""Tensor indexing, view methods and .ap() access patterns (docs/simulator.md)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (nki-subset.md §4 DMA).
+"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (docs/simulator.md).
 
 Every operand is resolved to (storage, dtype, element addresses, valid mask); the
 instruction is then one NumPy gather -> (cast / sum) -> scatter.
