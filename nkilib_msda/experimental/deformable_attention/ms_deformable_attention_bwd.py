@@ -1,4 +1,4 @@
-"""NKI backward kernel of multi-scale deformable attention (nkilib signature, api.md §1).
+"""NKI backward kernel of multi-scale deformable attention (nkilib signature; see docs/api.md and docs/kernels.md, "Backward").
 
 Design (details and the scatter-uniqueness proof in ``backward_config``):
 - One sample row (q, h, l) per partition, N_p points in the free dims; T blocks of whole
@@ -82,7 +82,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                 iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
                                 dump_iota_k_scale=False, dump_grad_value_buffers=False,
                                 dump_reduced_grad_value=False):
-    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (api.md §1).
+    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (docs/api.md).
 
     Returns the enabled gradients (grad_value: value's shape/layout/dtype; grad_sampling_locations:
     the locations' shape/layout in float32; grad_attention_weights: (B, N_q, N_h, N_l, N_p) in
