@@ -1,4 +1,6 @@
-"""NKI forward kernel of multi-scale deformable attention (beta-2 NKI, ``@nki.jit``).
+"""NKI forward kernel of multi-scale deformable attention (NKI 0.7+, ``@nki.jit``).
+
+See docs/kernels.md ("Forward", "Coordinate math", "LNC sharding and the barrier").
 
 Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
 
@@ -7,11 +9,15 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   (each parameter and the output cross HBM exactly once). LNC: core ``s`` takes queries
   ``[s * ceil(N_q / lnc), ...)``; cores share nothing but the output, so no barrier is
   needed (an LNC=2 kernel is specialized per physical core, and the two tile lists may
-  differ by one ragged tile).
-- **Coordinates** (``_sampling.py``): fp32 via DMA casts; NaN removed with a bit mask and its
-  weight zeroed; pixel coordinates clamped before the float->int cast; real floor; corner
-  indices clamped into the map with 0/1 validity factors (zeros) or clipped coordinates
-  (border). About 20 + 9 * N_l Vector/Scalar instructions per tile, independent of C_h.
+  differ by one ragged tile). The degree and core come from ``nl.num_programs()`` /
+  ``nl.program_id(0)`` (kernel_commons.core_info), so env-var LNC, bracket launch and LNC 1
+  all shard correctly.
+- **Coordinates** (``_sampling.py`` on the shared ``coordinates.py``): fp32 via DMA casts;
+  NaN removed with a bit mask; pixel coordinates clamped before the float->int cast; real
+  floor; corner indices clamped into the map with 0/1 validity factors. About 20 + 8 * N_l
+  Vector/Scalar instructions per tile, independent of C_h.
+- **Non-finite values**: every weighted product is ANDed with an int32 corner mask, so an
+  out-of-map corner adds exactly +0.0 even when its clamped pixel holds inf or NaN.
 - **Row indices, not element offsets.** ``vector_offset`` scales an index by the receiver's
   dim-0 stride, so gathers run on the 2-D ``(B * rows, C_h)`` view of ``value`` with the
   batch in the AP offset: exact while ``L * N_h < 2^24`` (checked up front) instead of

@@ -23,7 +23,12 @@ Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32,
 ``reduced_grad_value`` / ``prev_reduced_grad_value``: float32 with value's shape (the raw sum
 of the buffers, before subtracting ``prev_reduced_grad_value``).
 
-Code on the kernel path compares with ``== None`` / ``!= None``: NKI 0.3-0.6 rejects ``is``.
+Out-of-map corners (and NaN samples) are removed bitwise from the corner dot products, the pair
+selects and the scatter data, so inf/NaN at their clamped pixels never leaks (docs/kernels.md,
+"Coordinate math"). LNC degree and core: kernel_commons.core_info; one barrier per buffer set.
+
+Code on the kernel path compares with ``== None`` / ``!= None``: the emulator's pre-0.7 source
+rules (still enforced by the tests) reject ``is``.
 """
 
 from __future__ import annotations
