@@ -38,7 +38,9 @@ def _launch(kernel, how: str, monkeypatch):
         monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
         return simulate(kernel, report=True)
     if how == "bracket":
-        return simulate(kernel[2], report=True)
+        with warnings.catch_warnings():   # the bracket launch may warn that it is deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return simulate(kernel[2], report=True)
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
     return simulate(kernel, report=True)
 
