@@ -142,8 +142,7 @@ def clamp_corners(corners: Any, floor_t: Any, p: MSDAProblem, slots: int) -> Non
         for axis, size in ((0, width), (1, height)):
             both = tile_view(corners, [[n, 2], [nl_ * np_, slots], [1, np_]],
                              offset=2 * axis * n + level * np_)
-            nisa.tensor_scalar(dst=both, data=both, op0=nl.maximum, operand0=0.0,
-                               op1=nl.minimum, operand1=float(size - 1))
+            crd.clamp_corner(both, both, float(size - 1))
 
 
 def corner_factors(factors: Any, valid: Any, corners: Any, floor_t: Any, frac_t: Any,

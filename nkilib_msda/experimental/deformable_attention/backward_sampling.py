@@ -136,10 +136,8 @@ def sample_terms(cfg, tiles, n: int, f: int, want_gather: bool, want_gsl: bool) 
     frac = tiles.frac[0:n, :, 0:f]
     crd.floor_and_fraction(corner[:, :, 0, :], frac, xy, tiles.xy_int[0:n, :, 0:f])
     nisa.tensor_scalar(dst=corner[:, :, 1, :], data=corner[:, :, 0, :], op0=nl.add, operand0=1.0)
-    nisa.tensor_scalar(dst=corner_c[:, 0], data=corner[:, 0], op0=nl.maximum, operand0=0.0,
-                       op1=nl.minimum, operand1=xmax)
-    nisa.tensor_scalar(dst=corner_c[:, 1], data=corner[:, 1], op0=nl.maximum, operand0=0.0,
-                       op1=nl.minimum, operand1=ymax)
+    crd.clamp_corner(corner_c[:, 0], corner[:, 0], xmax)
+    crd.clamp_corner(corner_c[:, 1], corner[:, 1], ymax)
     valid = tiles.valid[0:n, :, :, 0:f]
     crd.corner_validity(valid, corner_c, corner)
     crd.apply_mask(valid, _bc(mask, [(2, 2)]))

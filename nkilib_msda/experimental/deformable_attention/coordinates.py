@@ -30,7 +30,8 @@ from typing import Any
 from nkilib_msda._nki import nisa, nl
 
 __all__ = ["NORMALIZED_BOUND", "pixel_scale", "pixel_range", "remove_nan", "pixel_transform",
-           "floor_and_fraction", "corner_validity", "apply_mask", "corner_bits", "mask_bits"]
+           "floor_and_fraction", "clamp_corner", "corner_validity", "apply_mask",
+           "corner_bits", "mask_bits"]
 
 # Normalized coordinates are clamped to [-3, 4] first: finite, and mapped outside the pixel
 # range for every scale >= 1 (-3 s - 0.5 <= -2 and 4 s - 0.5 >= s + 1 for s >= 1; with
@@ -86,6 +87,12 @@ def floor_and_fraction(floor_dst: Any, frac_dst: Any, x: Any, ints: Any) -> None
     nisa.tensor_tensor(dst=frac_dst, data1=floor_dst, data2=x, op=nl.greater)
     nisa.tensor_tensor(dst=floor_dst, data1=floor_dst, data2=frac_dst, op=nl.subtract)
     nisa.tensor_tensor(dst=frac_dst, data1=x, data2=floor_dst, op=nl.subtract)
+
+
+def clamp_corner(dst: Any, src: Any, size_minus_1: Any) -> None:
+    """dst = clamp(src, 0, size - 1): the in-range index every corner gathers from."""
+    nisa.tensor_scalar(dst=dst, data=src, op0=nl.maximum, operand0=0.0, op1=nl.minimum,
+                       operand1=size_minus_1)
 
 
 def corner_validity(valid: Any, clamped: Any, unclamped: Any) -> None:
