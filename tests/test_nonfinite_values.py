@@ -26,11 +26,21 @@ from nkilib_msda.experimental.deformable_attention.ms_deformable_attention impor
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (
     ms_deformable_attention_bwd)
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+from nkilib_msda.simulator import jit as _sim_jit
 from nkilib_msda.simulator import simulate
 
 LEVELS = ((6, 5), (3, 4))
 HEADS, HEAD_DIM, POINTS = 3, 32, 2
 POISON = (np.inf, np.nan, -np.inf)   # per head
+
+
+@pytest.fixture(autouse=True)
+def _strict_emulator(monkeypatch):
+    """Kernel runs here are strict like simulator_tests/ (uninitialised reads fail), where the
+    emulator has a strict mode."""
+    strict_env = getattr(_sim_jit, "STRICT_ENV", None)
+    if strict_env:
+        monkeypatch.setenv(strict_env, "1")
 
 
 def _level_starts(levels):
