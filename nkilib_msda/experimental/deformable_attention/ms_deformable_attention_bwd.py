@@ -108,15 +108,21 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
         bool(compute_grad_attention_weights), usable_sbuf_bytes(), buffers_per_core)
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
-    return _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights).run(
-        iota_k_scale_in, grad_value_buffers_in, prev_reduced_grad_value, dump_iota_k_scale,
-        dump_grad_value_buffers, dump_reduced_grad_value)
+    kernel = _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights,
+                             grad_value_buffers_in)
+    return kernel.run(iota_k_scale_in, grad_value_buffers_in, prev_reduced_grad_value,
+                      dump_iota_k_scale, dump_grad_value_buffers, dump_reduced_grad_value)
 
 
 class _BackwardKernel:
-    """Instruction emission for one program (logical core)."""
+    """Instruction emission for one program (logical core).
 
-    def __init__(self, cfg, core, value, grad_output, locations, attention):
+    All state (views of the inputs, outputs, on-chip tiles, HBM buffer sets) is created here
+    in ``__init__``; the methods only emit instructions (the DMA round-robin counter is the
+    one field they update).
+    """
+
+    def __init__(self, cfg, core, value, grad_output, locations, attention, buffers_in):
         self.cfg, self.core = cfg, core
         p = self.p = cfg.problem
         self.vdt = value.dtype
@@ -131,10 +137,6 @@ class _BackwardKernel:
         self.want_gsl = cfg.compute_grad_sampling_locations
         self.want_gaw = cfg.compute_grad_attention_weights
         self.dma_count = 0
-
-    # ------------------------------------------------------------------ setup
-    def _outputs(self):
-        cfg, p = self.cfg, self.p
         self.grad_value = self.gsl_out = self.gaw_out = None
         if cfg.compute_grad_value:
             self.grad_value = nl.ndarray(p.value_shape, dtype=self.vdt, buffer=nl.shared_hbm, name="grad_value")
@@ -144,15 +146,20 @@ class _BackwardKernel:
         if self.want_gaw:
             self.gaw_out = nl.ndarray(p.attention_weights_shape, dtype=self.vdt, buffer=nl.shared_hbm,
                                       name="grad_attention_weights")
-
-    def _alloc(self):
-        self.t = allocate_tiles(self.cfg, self.vdt)
+        self.t = allocate_tiles(cfg, self.vdt)
         self.psum = self.t.psum
+        self.buffer_sets = []
+        if cfg.compute_grad_value:
+            rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
+            if buffers_in != None:  # noqa: E711
+                self.buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
+            else:
+                self.buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32,
+                                               buffer=nl.shared_hbm, name=f"grad_value_buffers_{s}")
+                                    for s in range(cfg.scatter_sets)]
 
     def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
         cfg, p = self.cfg, self.p
-        self._outputs()
-        self._alloc()
         t = self.t
         smp.build_partition_constants(cfg, t)
         if iota_in != None:  # noqa: E711
@@ -163,16 +170,9 @@ class _BackwardKernel:
         if t.gidx != None:  # noqa: E711
             nisa.memset(dst=t.gidx, value=0)
 
-        buffer_sets = []
-        if cfg.compute_grad_value:
-            rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
-            if buffers_in != None:  # noqa: E711
-                buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
-            else:
-                buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32, buffer=nl.shared_hbm,
-                                          name=f"grad_value_buffers_{s}") for s in range(cfg.scatter_sets)]
-                bufs.zero_own_buffers(cfg, buffer_sets, self.core, t.red)
-        self.buffer_sets = buffer_sets
+        buffer_sets = self.buffer_sets
+        if cfg.compute_grad_value and buffers_in == None:  # noqa: E711
+            bufs.zero_own_buffers(cfg, buffer_sets, self.core, t.red)
 
         for b in range(p.batch):
             for q0, blocks, parts in cfg.super_tiles(self.core):
