@@ -68,6 +68,16 @@ def test_forward_transpose_index_tiles_are_contiguous(transpose_indices, num_que
         assert idx.shape[1] == 1 or idx.strides[1] == 1, f"strided index view {idx.strides}"
 
 
+def test_backward_transpose_index_tiles_are_contiguous(transpose_indices):
+    c = MSDACase(num_queries=70, num_heads=2, num_points=3, spatial_shapes=LEVELS)
+    simulate(ms_deformable_attention_bwd, lnc=1)(make_grad_output(c), **make_inputs(c),
+                                                 gather_method="transpose")
+    assert transpose_indices, "no indirect dma_transpose was recorded"
+    for idx in transpose_indices:
+        assert idx.buffer == "sbuf" and str(idx.dtype) == "uint32" and idx.ndim == 2
+        assert idx.shape[0] == 128 and (idx.shape[1] == 1 or idx.strides[1] == 1)
+
+
 def test_padding_row_is_exact_and_out_of_range():
     for rows in (1, 5, 129, 2**24 - 1, 3 * 2**24 + 7):
         value = _sampling.padding_row(rows)
