@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from nkilib_msda.simulator.errors import NkiError, nki_error
+from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_error
 from nkilib_msda.simulator.memory import MemoryTracker
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.targets import Target
@@ -33,14 +33,13 @@ class SimOptions:
     deadlock (the other program ends without reaching the barrier) is detected exactly without
     it, since programs hand over cooperatively; None (default) waits as long as the other
     program keeps running.
-    source_rules / is_operator: "error", "warn" or "off" for the kernel-source rules
-    (source_rules.py): neuronxcc imports and nl.divide/mod/fmod, and `is` comparisons.
+    source_rules: "error", "warn" or "off" for the kernel-source rules (source_rules.py):
+    neuronxcc imports and nl.divide/mod/fmod.
     """
 
     duplicate_scatter: str = "error"
     barrier_timeout_s: float | None = None
     source_rules: str = "error"
-    is_operator: str = "error"
 
 
 class ProgramScheduler:
@@ -69,10 +68,16 @@ class ProgramScheduler:
         self.turn = None
         self.cv.notify_all()
 
+    def abort(self) -> None:
+        """Stop the run: every waiting program raises OtherProgramAborted."""
+        with self.cv:
+            self.aborted = True
+            self.cv.notify_all()
+
     def barrier(self, pid: int, instruction: str) -> None:
         with self.cv:
             if self.aborted:
-                raise nki_error(instruction, "barrier", "another program failed")
+                raise OtherProgramAborted(f"{instruction}: program {pid}: another program failed")
             self.state[pid] = "barrier"
             waiting = [i for i, s in enumerate(self.state) if s == "barrier"]
             if len(waiting) == self.n:
@@ -93,7 +98,7 @@ class ProgramScheduler:
                 lambda: self.aborted or "done" in self.state or
                 (self.generation != generation and self.turn == pid), timeout=self.timeout_s)
             if self.aborted:
-                raise nki_error(instruction, "barrier", "another program failed")
+                raise OtherProgramAborted(f"{instruction}: program {pid}: another program failed")
             if self.generation == generation:
                 self.state[pid] = "ready"
                 self.aborted = True
@@ -121,6 +126,8 @@ class SharedState:
     scheduler: ProgramScheduler
     lock: threading.Lock = field(default_factory=threading.Lock)
     shared_allocations: list[Any] = field(default_factory=list)
+    # nki.lnc.sendrecv mailboxes: (sequence number, sending program) -> values
+    mailbox: dict[Any, Any] = field(default_factory=dict)
 
 
 class ExecutionContext:
@@ -132,6 +139,8 @@ class ExecutionContext:
     no_reorder_depth: int
 
     def __init__(self, shared: SharedState, program_id: int, program_ndim: int) -> None:
+        # program_ndim: 1 for a bracket launch (kernel[2]) or simulate(lnc=...), 0 otherwise;
+        # num_programs is the LNC degree in both cases (see jit.py, lnc_degree).
         self.shared = shared
         self.target = shared.target
         self.options = shared.options

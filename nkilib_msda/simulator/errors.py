@@ -7,7 +7,7 @@ which rule.
 
 from __future__ import annotations
 
-__all__ = ["NkiError", "NkiWarning", "nki_error"]
+__all__ = ["NkiError", "NkiWarning", "nki_error", "OtherProgramAborted"]
 
 
 class NkiError(Exception):
@@ -21,3 +21,8 @@ class NkiWarning(UserWarning):
 def nki_error(instruction: str, rule: str, detail: str) -> NkiError:
     """Build an :class:`NkiError` with the message ``f"{instruction}: {rule}: {detail}"``."""
     return NkiError(f"{instruction}: {rule}: {detail}")
+
+
+class OtherProgramAborted(Exception):
+    """Raised in one LNC program because another program of the same run failed or the run was
+    interrupted (Ctrl-C); never the cause of a failure, so callers re-raise the other error."""

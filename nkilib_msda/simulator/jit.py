@@ -1,18 +1,31 @@
 """``nki.jit``, ``kernel[lnc]`` and ``simulate``: run a kernel eagerly on NumPy data.
 
-Each program (logical core) runs the kernel function in its own thread with its own
+LNC degree (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html,
+announce-intent-eos-nki-spmd-launch-grid.html, compiler/error-codes/EVRF066.html): the
+``NEURON_LOGICAL_NC_CONFIG`` environment variable (1 or 2; default 1), or a bracket launch
+``kernel[2](...)`` (accepted with a ``DeprecationWarning``; a bracket value that differs from an
+explicitly set environment variable is an error, as the compiler rejects a mismatching SPMD
+dimension), or the package's ``simulate(kernel, lnc=...)``. The kernel always runs on every core
+of the LNC, with or without a grid: ``nl.num_programs()`` is the degree and ``nl.program_id(0)``
+the core; ``nl.program_ndim()`` is 1 with a grid (bracket launch, or ``simulate(lnc=...)``,
+which the package defines as equivalent) and 0 without one.
+
+Each program (physical core) runs the kernel function in its own thread with its own
 context; with LNC=2 the two programs share the input tensors and every ``shared_hbm``
 allocation (the k-th allocation of each program is one storage). Only one program runs at a
-time; the baton passes at ``core_barrier`` and at program end (see context.py).
+time; the baton passes at ``core_barrier`` / ``sendrecv`` and at program end (see context.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import enum
 import functools
 import inspect
+import os
 import threading
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -21,15 +34,27 @@ from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.dtypes import to_nki_dtype
-from nkilib_msda.simulator.errors import NkiError, nki_error
+from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_error
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
-__all__ = ["jit", "JitKernel", "simulate"]
+__all__ = ["jit", "JitKernel", "simulate", "lnc_degree"]
 
 _REMOVED_JIT_OPTIONS = ("mode", "platform_target")
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+
+def lnc_degree() -> int | None:
+    """The LNC degree set by ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), None when unset."""
+    raw = os.environ.get(LNC_ENV, "").strip()
+    if not raw:
+        return None
+    if raw not in ("1", "2"):
+        raise nki_error("nki.jit", "LNC degree",
+                        f"{LNC_ENV}={raw!r}: the LNC degree must be 1 or 2")
+    return int(raw)
 
 
 class JitKernel:
@@ -47,7 +72,9 @@ class JitKernel:
         if isinstance(lnc, tuple) or isinstance(lnc, bool) or not isinstance(lnc, (int, np.integer)) \
                 or int(lnc) not in (1, 2):
             raise nki_error("nki.jit", "launch grid",
-                            f"kernel[lnc] takes lnc = 1 or 2 (beta-2 has no SPMD grids), got {lnc!r}")
+                            f"kernel[lnc] takes lnc = 1 or 2 (one grid dim, the LNC degree), got {lnc!r}")
+        warnings.warn("the launch-grid bracket syntax kernel[lnc] is being deprecated; set "
+                      f"{LNC_ENV}=1 or 2 instead", DeprecationWarning, stacklevel=2)
         return JitKernel(self.func, int(lnc), self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -81,6 +108,25 @@ class _Inputs:
 
     def __init__(self) -> None:
         self.by_id: dict[int, tuple[np.ndarray, Storage, NkiTensor]] = {}
+        self.torch_in = False
+        self.torch_back: list[tuple[Any, np.ndarray]] = []
+
+    def _torch(self, value: Any, where: str) -> NkiTensor:
+        """A CPU torch tensor becomes a NumPy array (bf16 via ml_dtypes); written back after."""
+        import ml_dtypes
+        import torch
+
+        t = value.detach()
+        if t.device.type != "cpu":
+            raise nki_error("kernel arguments", "argument device",
+                            f"{where} is a torch tensor on {t.device}; the emulator takes CPU tensors")
+        if t.dtype == torch.bfloat16:
+            arr = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        else:
+            arr = t.contiguous().numpy().copy()
+        tensor = self._array(arr, where)
+        self.torch_back.append((value, arr))
+        return tensor
 
     def convert(self, value: Any, where: str) -> Any:
         if isinstance(value, np.ndarray):
@@ -107,10 +153,9 @@ class _Inputs:
                                 f"{where} is a non-frozen dataclass; kernels must be pure, use "
                                 "@dataclass(frozen=True) or nl.NKIObject")
             return value
-        if type(value).__module__.startswith("torch"):
-            raise nki_error("kernel arguments", "argument type",
-                            f"{where} is a torch tensor; simulate() takes NumPy arrays "
-                            "(use .detach().cpu().numpy())")
+        if _is_torch_tensor(value):
+            self.torch_in = True
+            return self._torch(value, where)
         raise nki_error("kernel arguments", "argument type",
                         f"{where} has unsupported type {type(value).__name__}; kernels take "
                         "NumPy arrays, int/float/bool/str/None, tuples, Enums, nl.NKIObject "
@@ -150,6 +195,36 @@ class _Inputs:
                 raise nki_error("simulate", "write-back",
                                 f"the kernel wrote input {tensor.name} but the array is read-only")
             arr[...] = values.reshape(arr.shape)
+        for original, arr in self.torch_back:
+            if self.by_id[id(arr)][1].written:
+                with _torch_no_grad():
+                    original.copy_(_to_torch(arr))
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    module = type(value).__module__
+    if not module.startswith("torch"):
+        return False
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _torch_no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
+
+
+def _to_torch(arr: np.ndarray) -> Any:
+    """NumPy (incl. ml_dtypes bfloat16) -> torch tensor of the matching dtype."""
+    import torch
+
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+    if arr.dtype.name.startswith("float8"):
+        return torch.from_numpy(arr.astype(np.float32))
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
@@ -210,7 +285,7 @@ class _Runner:
             raise nki_error("simulate", "nested simulate", "simulate() cannot run inside a kernel")
         func = self.kernel.func
         sig = _check_signature(func)
-        check_kernel_source(func, self.options.source_rules, self.options.is_operator)
+        check_kernel_source(func, self.options.source_rules)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -225,11 +300,11 @@ class _Runner:
 
         def run_program(pid: int) -> None:
             ctx = contexts[pid]
-            shared.scheduler.wait_turn(pid)
             failed = False
             try:
+                shared.scheduler.wait_turn(pid)
                 if shared.scheduler.aborted:
-                    return
+                    raise OtherProgramAborted(f"program {pid}: another program failed")
                 with activate(ctx):
                     results[pid] = func(**kargs)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
@@ -241,12 +316,7 @@ class _Runner:
         if self.lnc == 1:
             run_program(0)
         else:
-            threads = [threading.Thread(target=run_program, args=(pid,), daemon=True,
-                                        name=f"nki-program-{pid}") for pid in range(self.lnc)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+            _run_threads(run_program, self.lnc, shared.scheduler)
         first_error = next((e for e in errors if e is not None and not _is_abort(e)), None)
         first_error = first_error or next((e for e in errors if e is not None), None)
         if first_error is not None:
@@ -259,8 +329,10 @@ class _Runner:
                 raise nki_error("kernel return", "LNC outputs differ",
                                 f"program {pid} returned a different output set than program 0; "
                                 "all programs must return the same shared_hbm tensors")
-        arrays = [_to_numpy(t, i) for i, t in enumerate(tensors)]
+        arrays: list[Any] = [_to_numpy(t, i) for i, t in enumerate(tensors)]
         inputs.write_back()
+        if inputs.torch_in:  # torch tensors in -> torch tensors out (nki.simulate, 2.32 docs)
+            arrays = [_to_torch(a) for a in arrays]
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
         if is_none:
@@ -271,24 +343,52 @@ class _Runner:
 
 
 def _is_abort(exc: BaseException) -> bool:
-    return isinstance(exc, NkiError) and "another program failed" in str(exc)
+    return isinstance(exc, OtherProgramAborted)
+
+
+def _run_threads(run_program: Callable[[int], None], n: int, scheduler: ProgramScheduler) -> None:
+    """Run ``n`` programs in threads. Ctrl-C (KeyboardInterrupt in the caller's thread) aborts
+    the run: waiting programs wake with OtherProgramAborted and the running one gets it raised
+    asynchronously at its next bytecode, so both stop promptly; then KeyboardInterrupt
+    propagates."""
+    threads = [threading.Thread(target=run_program, args=(pid,), daemon=True,
+                                name=f"nki-program-{pid}") for pid in range(n)]
+    for th in threads:
+        th.start()
+    try:
+        for th in threads:
+            while th.is_alive():
+                th.join(0.05)
+    except KeyboardInterrupt:
+        scheduler.abort()
+        for th in threads:
+            if th.is_alive() and th.ident is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(th.ident),
+                                                           ctypes.py_object(OtherProgramAborted))
+        for th in threads:
+            th.join(5.0)
+        raise
 
 
 def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
              duplicate_scatter: str = "error",
              barrier_timeout_s: float | None = None, source_rules: str = "error",
-             is_operator: str = "error") -> Callable[..., Any]:
-    """``simulate(kernel, lnc=1, target="trn2", report=False)(*args, **kwargs)``.
+             is_operator: str = "off") -> Callable[..., Any]:
+    """``simulate(kernel, lnc=None, target="trn2", report=False)(*args, **kwargs)``; also
+    ``nki.simulate(kernel)(...)`` / ``nki.simulate(kernel[2])(...)`` as the official simulator.
 
-    - lnc: 1 or 2 logical-core programs (default: the kernel's ``kernel[lnc]``, else 1).
-      Passing ``lnc`` or using ``kernel[lnc]`` makes ``nl.program_ndim() == 1``; a plain
-      kernel launched with the default has no grid (``program_ndim() == 0``).
+    - lnc: 1 or 2 (the LNC degree). None: the kernel's ``kernel[lnc]``, else
+      ``NEURON_LOGICAL_NC_CONFIG``, else 1. ``lnc=`` or ``kernel[lnc]`` is a one-dim launch grid
+      (``nl.program_ndim() == 1``); otherwise ``program_ndim() == 0``. ``nl.num_programs()`` is
+      the degree in every form. A bracket value that contradicts an explicitly set
+      ``NEURON_LOGICAL_NC_CONFIG`` raises NkiError ("LNC degree").
     - target: "trn2" (default, or NEURON_PLATFORM_TARGET_OVERRIDE) or "trn3".
     - report: also return a :class:`CostReport` as the last element.
     - duplicate_scatter: "error" (default) or "last_writer_wins" (emulate the race).
     - source_rules: "error" (default), "warn" or "off" for the AST rules on the kernel's code
-      (no neuronxcc imports, no nl.divide/mod/fmod); is_operator: the same for `is` / `is not`
-      comparisons (rejected by NKI 0.3-0.6; see source_rules.py).
+      (no neuronxcc imports, no nl.divide/mod/fmod; see source_rules.py).
+    - is_operator: accepted for compatibility and ignored (NKI 0.7 allows `is` / `is not`).
+    Arguments: NumPy arrays, or CPU torch tensors (then outputs are torch tensors too).
     """
     if not isinstance(kernel, JitKernel):
         if not callable(kernel):
@@ -301,11 +401,38 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
         raise ValueError(f"simulate: lnc must be 1 or 2, got {lnc!r}")
     if lnc is not None and kernel.lnc is not None and lnc != kernel.lnc:
         raise ValueError(f"simulate: lnc={lnc} contradicts kernel[{kernel.lnc}]")
-    degree = lnc or kernel.lnc or 1
-    ndim = 1 if (lnc is not None or kernel.lnc is not None) else 0
-    for arg, mode in (("source_rules", source_rules), ("is_operator", is_operator)):
-        if mode not in SOURCE_RULE_MODES:
-            raise ValueError(f"simulate: {arg} must be one of {SOURCE_RULE_MODES}, got {mode!r}")
-    options = SimOptions(duplicate_scatter=duplicate_scatter, barrier_timeout_s=barrier_timeout_s,
-                         source_rules=source_rules, is_operator=is_operator)
-    return _Runner(kernel, degree, ndim, target, report, options)
+    options_lnc = lnc
+    return _Launcher(kernel, options_lnc, target, report, duplicate_scatter, barrier_timeout_s,
+                     source_rules, is_operator)
+
+
+class _Launcher:
+    """``simulate(...)``'s callable: resolves the LNC degree (env var read at call time)."""
+
+    def __init__(self, kernel: JitKernel, lnc: int | None, target: Any, report: bool,
+                 duplicate_scatter: str, barrier_timeout_s: float | None, source_rules: str,
+                 is_operator: str) -> None:
+        for arg, mode in (("source_rules", source_rules), ("is_operator", is_operator)):
+            if mode not in SOURCE_RULE_MODES:
+                raise ValueError(f"simulate: {arg} must be one of {SOURCE_RULE_MODES}, got {mode!r}")
+        self.kernel = kernel
+        self.lnc = lnc
+        self.target = target
+        self.report = report
+        self.options = SimOptions(duplicate_scatter=duplicate_scatter,
+                                  barrier_timeout_s=barrier_timeout_s, source_rules=source_rules)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        env = lnc_degree()
+        bracket = self.kernel.lnc
+        if bracket is not None and env is not None and bracket != env:
+            raise nki_error("nki.jit", "LNC degree",
+                            f"kernel[{bracket}] launches an SPMD dimension of {bracket} but "
+                            f"{LNC_ENV}={env}; the launch-grid dimension must equal the LNC degree")
+        degree = self.lnc or bracket or env or 1
+        ndim = 1 if (self.lnc is not None or bracket is not None) else 0
+        return _Runner(self.kernel, degree, ndim, self.target, self.report,
+                       self.options)(*args, **kwargs)
+
+
+

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import builtins
 import math
+import warnings
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -21,38 +23,69 @@ from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.targets import get_target
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
+DType = str  # nl.DType: dtypes are string-like
+
 _OWN = [
+    "DType",
     "MemoryRegion", "sbuf", "psum", "hbm", "private_hbm", "shared_hbm",
     "bfloat16", "bool_", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
     "float16", "float32", "int8", "int16", "int32", "tfloat32", "uint8", "uint16", "uint32",
     "ndarray", "zeros", "ones", "full", "zeros_like", "empty_like", "shared_constant",
     "shared_identity_matrix", "program_id", "num_programs", "program_ndim", "tile_size", "ds",
     "range", "affine_range", "sequential_range", "static_range", "device_print", "no_reorder",
-    "NKIObject", "load", "store", "NkiTensor", "fori_loop",
+    "NKIObject", "load", "store", "NkiTensor", "fori_loop", "while_loop", "is_hbm", "is_on_chip",
+    "is_psum", "is_sbuf",
 ]
 __all__ = _OWN + [n for n in _alu_all if n not in _OWN]
 
 
-class MemoryRegion:
-    """A buffer kind (``nl.sbuf``, ``nl.psum``, ``nl.private_hbm``/``nl.hbm``, ``nl.shared_hbm``)."""
+class MemoryRegion(str, Enum):
+    """Buffer kinds, an Enum of string values as in NKI 0.8's ``nki.language.MemoryRegion``
+    (_modules/nki/language.html): ``nl.hbm`` is an alias of ``nl.private_hbm``.
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    A tensor's ``.buffer`` is the region's name string, and members compare equal to it, so
+    ``t.buffer == nl.sbuf`` and ``t.buffer in (nl.hbm, nl.shared_hbm)`` behave as in NKI (R10):
+    ``nl.hbm == nl.private_hbm``; ``nl.shared_hbm`` differs from both."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"
 
+    __str__ = str.__str__
 
-sbuf = MemoryRegion("sbuf")
-psum = MemoryRegion("psum")
-private_hbm = MemoryRegion("private_hbm")
+
+sbuf = MemoryRegion.sbuf
+psum = MemoryRegion.psum
+private_hbm = MemoryRegion.private_hbm
 hbm = private_hbm  # nl.hbm aliases private_hbm
-shared_hbm = MemoryRegion("shared_hbm")
+shared_hbm = MemoryRegion.shared_hbm
+
+
+def is_hbm(buffer: Any) -> bool:
+    """True for ``nl.hbm`` / ``nl.private_hbm`` / ``nl.shared_hbm`` (or a tensor's ``.buffer``)."""
+    return buffer in (private_hbm, shared_hbm)
+
+
+def is_on_chip(buffer: Any) -> bool:
+    """True for ``nl.sbuf`` / ``nl.psum``."""
+    return buffer in (sbuf, psum)
+
+
+def is_psum(buffer: Any) -> bool:
+    return buffer == psum
+
+
+def is_sbuf(buffer: Any) -> bool:
+    return buffer == sbuf
 
 
 def _buffer_name(buffer: Any, what: str) -> str:
     if isinstance(buffer, MemoryRegion):
-        return buffer.name
+        return buffer.value
     raise nki_error(what, "buffer", f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.private_hbm or "
                                     f"nl.shared_hbm (named members, not strings), got {buffer!r}")
 
@@ -148,12 +181,12 @@ def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTenso
 _REGIONS = {"sbuf": sbuf, "psum": psum, "private_hbm": private_hbm, "shared_hbm": shared_hbm}
 
 
-def empty_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+def empty_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return ndarray(x.shape, dtype or x.dtype, buffer=buffer or _REGIONS[x.buffer], name=name)
 
 
-def zeros_like(a: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
-    return zeros(a.shape, dtype or a.dtype, buffer=buffer or _REGIONS[a.buffer], name=name)
+def zeros_like(x: NkiTensor, dtype: Any = None, buffer: Any = None, name: str = "") -> NkiTensor:
+    return zeros(x.shape, dtype or x.dtype, buffer=buffer or _REGIONS[x.buffer], name=name)
 
 
 def shared_constant(constant: Any, dtype: Any = None, name: str = "") -> NkiTensor:
@@ -167,49 +200,59 @@ def shared_constant(constant: Any, dtype: Any = None, name: str = "") -> NkiTens
     return t
 
 
-def shared_identity_matrix(n: int, dtype: Any = uint8, name: str = "") -> NkiTensor:
-    """An (n, n) identity tile in SBUF (for PE transposes)."""
-    t = ndarray((n, n), dtype, buffer=sbuf, name=name or "identity")
+def shared_identity_matrix(n: int, dtype: Any = uint8, dst: Any = None, name: str = "") -> NkiTensor:
+    """An (n, n) identity tile in SBUF (for PE transposes); written into ``dst`` when given."""
+    t = dst if dst is not None else ndarray((n, n), dtype, buffer=sbuf, name=name or "identity")
     write(t, np.eye(n, dtype=np.float32).reshape(-1), "shared_identity_matrix")
     return t
 
 
 # -- launch queries ---------------------------------------------------------------------------
+# NKI 0.7/0.8: the kernel is specialized on every physical core of the LNC whether or not a
+# launch grid is given (announce-intent-eos-nki-spmd-launch-grid.html; lnc.html, v2.33.1).
 def program_ndim() -> int:
-    """0 when the kernel was launched without a grid (``kernel(args)``), 1 with ``kernel[lnc]``."""
+    """Number of launch-grid dims: 1 with a bracket launch ``kernel[lnc]`` (or the package's
+    ``simulate(lnc=...)``), 0 without a grid ("0 if no grid", nki.language.program_ndim page)
+    -- also at LNC 2 set by NEURON_LOGICAL_NC_CONFIG, where both cores still run the kernel."""
     return current().program_ndim
 
 
 def _check_axis(axis: Any, what: str) -> None:
-    ctx = current()
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise nki_error(what, "axis", f"axis must be an int, got {axis!r}")
-    if not 0 <= axis < builtins.max(ctx.program_ndim, 0) or axis != 0:
-        raise nki_error(what, "axis", f"axis {axis} out of range: the launch grid has "
-                                      f"{ctx.program_ndim} dim(s); launch with kernel[lnc] "
-                                      "or guard with nl.program_ndim()")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis != 0:
+        raise nki_error(what, "axis", f"axis must be 0 (the LNC has one dimension), got {axis!r}")
 
 
 def program_id(axis: int = 0) -> int:
-    """This program's index along ``axis`` (0 .. num_programs-1)."""
+    """This physical core's index in the LNC (0 .. degree-1), with or without a launch grid."""
     _check_axis(axis, "program_id")
     return current().program_id
 
 
 def num_programs(axes: int = 0) -> int:
-    """Number of programs along ``axes`` (the LNC degree)."""
+    """The LNC degree (1 or 2), with or without a launch grid."""
     _check_axis(axes, "num_programs")
     return current().num_programs
 
 
 class _TileSize:
-    """``nl.tile_size``: hardware tile limits; the SBUF sizes follow the running target."""
+    """``nl.tile_size``: hardware tile limits; SBUF/PSUM sizes follow the running target.
+
+    Fields as documented on nki.language.tile_size.html (latest and v2.33.0) and in the
+    ``_TileSize`` stub: pmax, psum_fmax (deprecated since 0.4: use psum_bank_fmax),
+    psum_bank_fmax(_bytes), psum_fmax_bytes (v2.30 name), psum_num_banks, sbuf_size_bytes,
+    sbuf_fmax, sbuf_fmax_bytes, gemm_stationary_fmax, gemm_moving_fmax, bn_stats_fmax,
+    psum_min_align, sbuf_min_align, total_available_sbuf_size (deprecated since 0.4: use
+    sbuf_fmax_bytes). Deprecated fields emit DeprecationWarning.
+    Assumed values (the pages name the fields, not all numbers): bn_stats_fmax 512 (the BN_STATS
+    free-size limit), psum_min_align 4 and sbuf_min_align 1 bytes (one fp32 / one byte).
+    """
 
     pmax = 128
-    psum_bank_fmax = 512
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
-    psum_num_banks = 8
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
 
     @staticmethod
     def _target():
@@ -217,21 +260,54 @@ class _TileSize:
         return ctx.target if ctx is not None else get_target()
 
     @property
-    def total_available_sbuf_size(self) -> int:
-        """Usable SBUF bytes per partition (deprecated in 0.4; same as sbuf_fmax_bytes)."""
-        return self._target().usable_sbuf_bytes_per_partition
+    def psum_bank_fmax(self) -> int:
+        return self._target().psum_bank_bytes // 4
 
     @property
-    def sbuf_fmax_bytes(self) -> int:
-        return self._target().usable_sbuf_bytes_per_partition
+    def psum_bank_fmax_bytes(self) -> int:
+        return self._target().psum_bank_bytes
+
+    @property
+    def psum_fmax(self) -> int:
+        """Deprecated since 0.4.0 (use psum_bank_fmax): 512 fp32 elements per PSUM bank."""
+        warnings.warn("nl.tile_size.psum_fmax is deprecated since NKI 0.4; use psum_bank_fmax",
+                      DeprecationWarning, stacklevel=2)
+        return self.psum_bank_fmax
 
     @property
     def psum_fmax_bytes(self) -> int:
-        return self._target().psum_bytes_per_partition
+        return self._target().psum_bank_bytes
+
+    @property
+    def psum_num_banks(self) -> int:
+        return self._target().psum_num_banks
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        """Total SBUF bytes, all partitions."""
+        t = self._target()
+        return t.sbuf_bytes_per_partition * t.num_partitions
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        """Usable SBUF bytes per partition."""
+        return self._target().usable_sbuf_bytes_per_partition
+
+    @property
+    def sbuf_fmax(self) -> int:
+        """Usable SBUF per partition in fp32 elements."""
+        return self.sbuf_fmax_bytes // 4
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        """Deprecated since 0.4.0 (use sbuf_fmax_bytes): usable SBUF bytes per partition."""
+        warnings.warn("nl.tile_size.total_available_sbuf_size is deprecated since NKI 0.4; use "
+                      "sbuf_fmax_bytes", DeprecationWarning, stacklevel=2)
+        return self.sbuf_fmax_bytes
 
     def __repr__(self) -> str:
         return (f"nl.tile_size(pmax={self.pmax}, psum_bank_fmax={self.psum_bank_fmax}, "
-                f"total_available_sbuf_size={self.total_available_sbuf_size})")
+                f"sbuf_fmax_bytes={self.sbuf_fmax_bytes})")
 
 
 tile_size = _TileSize()
@@ -242,14 +318,15 @@ def ds(start: int, size: int) -> slice:
     for v, n in ((start, "start"), (size, "size")):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise nki_error("ds", n, f"{n} must be an int, got {type(v).__name__}")
-    if size < 1 or start < 0:
-        raise nki_error("ds", "range", f"ds(start={start}, size={size}): need start >= 0, size >= 1")
+    if size < 0 or start < 0:  # size 0 is an empty range (nki-library shards can be empty)
+        raise nki_error("ds", "range", f"ds(start={start}, size={size}): need start >= 0, size >= 0")
     return slice(int(start), int(start) + int(size), 1)
 
 
-def range(*args: int) -> builtins.range:  # noqa: A001 - NKI name
-    """``nl.range``: a plain Python range (loops unroll at specialization)."""
-    return builtins.range(*args)
+def range(start: int, stop: int | None = None, step: int = 1) -> builtins.range:  # noqa: A001
+    """``nl.range`` / ``affine_range`` / ``sequential_range`` / ``static_range(start, stop=None,
+    step=1)``: a plain Python range (loops unroll at specialization)."""
+    return builtins.range(start) if stop is None else builtins.range(start, stop, step)
 
 
 # affine_range / sequential_range / static_range are deprecated aliases of range in 0.6.
@@ -258,21 +335,36 @@ sequential_range = range
 static_range = range
 
 
-def fori_loop(lo: int, hi: int, body: Any, step: int = 1) -> None:
-    """Runtime loop: ``body(reg)`` for ``reg`` = lo, lo+step, ... < hi, where ``reg`` is a
-    read-only (1, 1) int32 register (usable as ``.ap(scalar_offset=reg)``). Writing the
-    induction register is undefined behaviour and raises NkiError "loop induction register".
-    Emulated eagerly, one iteration after the other (the body is a Python callable)."""
+def _loop_int(v: Any, name: str, what: str) -> int:
+    """An int loop bound: a Python int, or a runtime scalar (NkiScalar / (1,1) register)."""
+    if isinstance(v, NkiTensor):
+        from nkilib_msda.simulator.access import read
+
+        if v.size != 1:
+            raise nki_error(what, name, f"{name} register must hold one value, got shape {v.shape}")
+        return int(read(v, what).reshape(-1)[0])
+    if hasattr(v, "__nki_scalar_value__"):
+        return int(v.__nki_scalar_value__())
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise nki_error(what, name, f"{name} must be an int or a runtime scalar, got {type(v).__name__}")
+    return int(v)
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1) -> None:
+    """Runtime loop: ``body_fun(reg)`` for ``reg`` = lower, lower+step, ... < upper, where
+    ``reg`` is a read-only (1, 1) int32 register (usable as ``.ap(scalar_offset=reg)``); the
+    bounds may be ints or runtime scalars (``nisa.scalar_load``). Writing the induction register
+    is undefined behaviour and raises NkiError "loop induction register". Emulated eagerly."""
+    lo, hi, body = lower, upper, body_fun
     ctx = current()
     if getattr(ctx, "no_reorder_depth", 0) > 0:
         raise nki_error("fori_loop", "inside no_reorder",
                         "runtime loops (fori_loop / while_loop) are not allowed inside "
                         "`with nl.no_reorder():`")
-    for v, n in ((lo, "lo"), (hi, "hi"), (step, "step")):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise nki_error("fori_loop", n, f"{n} must be an int, got {type(v).__name__}")
-    if step == 0:
-        raise nki_error("fori_loop", "step", "step must be non-zero")
+    lo = _loop_int(lo, "lower", "fori_loop")
+    hi = _loop_int(hi, "upper", "fori_loop")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step <= 0:
+        raise nki_error("fori_loop", "step", f"step must be a positive int, got {step!r}")
     storage = Storage("sbuf", 4, partitions=1, bytes_per_partition=4, name="fori_loop register",
                       program_id=ctx.program_id)
     storage.read_only = "loop induction register"
@@ -283,8 +375,25 @@ def fori_loop(lo: int, hi: int, body: Any, step: int = 1) -> None:
         body(reg)
 
 
-def device_print(prefix: str, x: Any) -> None:
-    """Print a tensor's values (or any value) with ``prefix``."""
+def while_loop(init: Any, body_fun: Any) -> None:
+    """Runtime while loop: ``r = init; while r != 0: r = body_fun(r)`` (the condition is checked
+    before each iteration; ``init`` and the body's return value are runtime scalars or (1, 1)
+    int registers). Emulated eagerly."""
+    ctx = current()
+    if getattr(ctx, "no_reorder_depth", 0) > 0:
+        raise nki_error("while_loop", "inside no_reorder",
+                        "runtime loops (fori_loop / while_loop) are not allowed inside "
+                        "`with nl.no_reorder():`")
+    cond = init
+    while _loop_int(cond, "condition", "while_loop") != 0:
+        cond = body_fun(cond)
+        if cond is None:
+            raise nki_error("while_loop", "body_fun", "body_fun must return the next condition")
+
+
+def device_print(print_prefix: str, tensor: Any) -> None:
+    """Print a tensor's values (or any value) with ``print_prefix``."""
+    prefix, x = print_prefix, tensor
     from nkilib_msda.simulator.access import read
 
     if isinstance(x, NkiTensor):
@@ -319,11 +428,24 @@ _REMOVED_IN_BETA_2 = {
 }
 
 
+_REMOVED_IN_0_7 = {
+    "dynamic_range": "use nl.fori_loop(lower, upper, body_fun) or nl.while_loop(init, body_fun)",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """Beta-1 names that beta 2 removed raise NkiError instead of AttributeError."""
+    """Removed names raise NkiError instead of AttributeError; documented names the emulator
+    does not model resolve to a callable that raises NkiError "not modelled"."""
     if name in _REMOVED_IN_BETA_2:
         raise nki_error(f"nl.{name}", "removed in beta 2",
                         f"nl.{name} does not exist in NKI beta 2: {_REMOVED_IN_BETA_2[name]}")
+    if name in _REMOVED_IN_0_7:
+        raise nki_error(f"nl.{name}", "removed in NKI 0.7",
+                        f"nl.{name} was removed by NKI 0.7 tracing: {_REMOVED_IN_0_7[name]}")
+    from nkilib_msda.simulator.unmodelled import NL_UNMODELLED, unmodelled
+
+    if name in NL_UNMODELLED:
+        return unmodelled(f"nl.{name}")
     raise AttributeError(f"module 'nki.language' has no attribute {name!r}")
 
 

@@ -1,30 +1,37 @@
-"""Kernel-source rules of the NKI front-end (nki-subset.md §7a.5), checked on the Python AST.
+"""Kernel-source rules that still hold under NKI 0.7/0.8 Python tracing, checked on the AST.
 
 An eager emulator never sees the compiler's Python subset, so these rules are checked by
 parsing the source of the kernel function and of every function, method and class it
 references, transitively, that is defined in the kernel's own top-level package (the NKI
-compiler inlines called functions, so their code is compiled too). The emulator's own modules
-are never inspected. Functions without retrievable source (``exec``-built) are skipped.
+compiler inlines called functions, so their code is compiled too). The emulator's own modules,
+the standard library and site-packages are never inspected (only code whose file lies outside
+them and whose module belongs to the kernel's package). Functions without retrievable source
+(``exec``-built) are skipped.
+
+NKI 0.7 specializes kernels by Python tracing, so the old front end's restrictions are gone:
+``is`` / ``is not``, classes not deriving from ``NKIObject``, inheritance, generators, non-string
+dict keys, ``isinstance`` and ``raise`` are ordinary Python (release notes 0.7.0,
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/nki.html).
 
 Rules (messages ``"<qualname of the function holding it>: <rule>: <detail>"``):
-- ``is operator``: ``is`` / ``is not`` comparisons are rejected by NKI 0.3-0.6 ("use == / !=";
-  supported again from 0.7). The emulator models the 0.5/0.6 surface, so it rejects them.
 - ``neuronxcc import``: importing ``neuronxcc`` (the beta-1 namespace) inside kernel code, or
-  using a global bound to a ``neuronxcc`` object, is an error since NKI 0.4.
+  using a global bound to a ``neuronxcc`` object, is an error since NKI 0.4; Neuron 2.34 removes
+  the namespace entirely.
 - ``fails on hardware``: any reference to ``nl.divide``, ``nl.mod`` or ``nl.fmod`` (they "work in
   simulation but fail on hardware"), even on a branch that is never executed.
 
-``simulate(..., source_rules="error")`` (default) raises NkiError on the first violation of the
-neuronxcc / fails-on-hardware rules; ``"warn"`` emits one NkiWarning per rule (naming the
-first violation and the count); ``"off"`` skips them. The ``is operator`` rule has its own
-switch, ``simulate(..., is_operator="error")`` (default; "warn" / "off" relax it, e.g. to run
-code written for NKI >= 0.7).
+``simulate(..., source_rules="error")`` (default) raises NkiError on the first violation;
+``"warn"`` emits one NkiWarning per rule (naming the first violation and the count); ``"off"``
+skips them. (``is_operator=`` is still accepted by ``simulate`` for compatibility and ignored.)
 """
 
 from __future__ import annotations
 
 import ast
 import linecache
+import os
+import site
+import sysconfig
 import types
 import warnings
 from typing import Any, Callable, Iterator
@@ -54,11 +61,35 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
+def _library_roots() -> tuple[str, ...]:
+    """Directories of the standard library and of installed packages (never inspected)."""
+    paths = {sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        paths.update(site.getsitepackages())
+    except AttributeError:  # pragma: no cover - virtualenv without getsitepackages
+        pass
+    paths.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else "")
+    return tuple(os.path.join(os.path.realpath(p), "") for p in paths if p)
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def _is_library_file(filename: str) -> bool:
+    real = os.path.realpath(filename) if filename and not filename.startswith("<") else filename
+    return real.startswith(_LIBRARY_ROOTS) or "site-packages" in real or "dist-packages" in real
+
+
 def _in_scope(obj: Any, package: str) -> bool:
     module = getattr(obj, "__module__", None) or ""
     if not module or module.startswith(_EXCLUDED_PREFIXES):
         return False
-    return module == package or module.startswith(package + ".")
+    if not (module == package or module.startswith(package + ".")):
+        return False
+    code = getattr(obj, "__code__", None)
+    if code is not None and _is_library_file(code.co_filename):
+        return False
+    return True
 
 
 def _is_nl(value: Any) -> bool:
@@ -111,12 +142,7 @@ def _function_violations(func: types.FunctionType, nodes: list[ast.AST]) -> Iter
     g = func.__globals__
     for node in nodes:
         line = where.format(getattr(node, "lineno", func.__code__.co_firstlineno))
-        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot))
-                                                 for op in node.ops):
-            yield ("is operator",
-                   f"`{ast.unparse(node)}` at {line}: `is` / `is not` are not supported by NKI "
-                   "before 0.7; use == / !=")
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(n == "neuronxcc" or n.startswith("neuronxcc.") for n in names):
                 yield ("neuronxcc import",
@@ -176,15 +202,17 @@ def _function_info(func: types.FunctionType, package: str) -> tuple[list[tuple[s
     return info
 
 
-def _class_functions(cls: type) -> Iterator[types.FunctionType]:
+def _class_functions(cls: type, package: str) -> Iterator[types.FunctionType]:
+    """Functions defined in ``package`` on ``cls`` and its bases (an ``enum.Enum`` base or a
+    stdlib function copied into the class dict is skipped: R02)."""
     for klass in cls.__mro__:
-        if klass is object or not _in_scope(klass, cls.__module__.split(".")[0]):
+        if klass is object or not _in_scope(klass, package):
             continue
         for member in vars(klass).values():
             member = _unwrap(member)
             if isinstance(member, property):
                 member = member.fget
-            if isinstance(member, types.FunctionType):
+            if isinstance(member, types.FunctionType) and _in_scope(member, package):
                 yield member
 
 
@@ -208,7 +236,7 @@ def kernel_source_violations(kernel: Callable[..., Any]) -> tuple[tuple[str, str
             continue
         seen.add(ident)
         if isinstance(obj, type):
-            todo.extend(_class_functions(obj))
+            todo.extend(_class_functions(obj, package))
             continue
         violations, referenced = _function_info(obj, package)
         found.extend((obj.__qualname__, rule, detail) for rule, detail in violations)
@@ -218,17 +246,13 @@ def kernel_source_violations(kernel: Callable[..., Any]) -> tuple[tuple[str, str
     return result
 
 
-def check_kernel_source(kernel: Callable[..., Any], mode: str, is_operator_mode: str) -> None:
-    """Apply the source rules to ``kernel``: ``is_operator_mode`` for the ``is operator`` rule,
-    ``mode`` for the others; each "error", "warn" or "off"."""
-    if mode == "off" and is_operator_mode == "off":
+def check_kernel_source(kernel: Callable[..., Any], mode: str) -> None:
+    """Apply the source rules to ``kernel`` in ``mode`` ("error", "warn" or "off")."""
+    if mode == "off":
         return
     violations = kernel_source_violations(kernel)
-    errors: list[Any] = []
-    warns: list[Any] = []
-    for v in violations:
-        rule_mode = is_operator_mode if v[1] == "is operator" else mode
-        (errors if rule_mode == "error" else warns if rule_mode == "warn" else []).append(v)
+    errors: list[Any] = list(violations) if mode == "error" else []
+    warns: list[Any] = list(violations) if mode == "warn" else []
     if errors:
         where, rule, detail = errors[0]
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -13,8 +13,9 @@ def test_ds_and_ranges():
     assert list(nl.affine_range(3)) == [0, 1, 2]
     assert list(nl.sequential_range(1, 7, 3)) == [1, 4]
     assert list(nl.static_range(2)) == [0, 1] and list(nl.range(0)) == []
+    assert nl.ds(3, 0) == slice(3, 3, 1)  # empty shard ranges, as nki-library builds them
     with raises_rule("ds", "range"):
-        nl.ds(0, 0)
+        nl.ds(0, -1)
     with raises_rule("ds", "start"):
         nl.ds(1.0, 2)
 

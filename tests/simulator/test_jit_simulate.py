@@ -193,8 +193,9 @@ def test_program_queries_without_and_with_a_grid():
     assert ids[2](x).tolist() == [[1, 2, 0]]
 
     @nki.jit
-    def no_guard(a):
-        nl.program_id(0)
+    def no_guard(a):  # NKI 0.7+: program_id(0) works without a grid; the LNC has one axis
+        assert nl.program_id(0) == 0 and nl.num_programs() == 1
+        nl.program_id(1)
 
     with raises_rule("program_id", "axis"):
         simulate(no_guard)(x)
@@ -255,8 +256,10 @@ def test_barrier_deadlock_and_core_rules():
         nisa.core_barrier(nl.ndarray((1, 1), nl.float32, buffer=nl.hbm), (0, 1))
 
     @nki.jit
-    def lnc1_barrier(a):
+    def lnc1_barrier(a):  # NKI 0.8: the barrier is valid at LNC 1; only cores=(0, 1) is
         nisa.core_barrier(a, (0, 1))
+        nisa.core_barrier(a, [0, 1])
+        nisa.core_barrier(a, (0, 2))
 
     x = np.ones((1, 1), np.float32)
     with raises_rule("core_barrier", "barrier deadlock"):

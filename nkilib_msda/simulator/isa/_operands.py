@@ -15,6 +15,7 @@ from nkilib_msda.simulator import access
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import cast_values, float32, int32, uint32
 from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.isa.enums import as_enum, engine as _engine_enum
 from nkilib_msda.simulator.tensor import NkiTensor
 
 ON_CHIP = frozenset({"sbuf", "psum"})
@@ -43,6 +44,7 @@ def engine_name(instruction: str, engine: Any) -> str:
     """Normalise ``engine=`` (an ``nisa.engine`` member or None) to its name."""
     if engine is None:
         return "unknown"
+    engine = as_enum(engine, _engine_enum, "engine", instruction)  # raw ints accepted (R11)
     name = getattr(engine, "name", None)
     if isinstance(engine, (str, int)) or name not in ENGINE_NAMES:
         raise nki_error(instruction, "engine",

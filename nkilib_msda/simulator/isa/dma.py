@@ -30,7 +30,7 @@ from nkilib_msda.simulator.access import may_overlap, read, read_raw, store, wri
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import cast_values, uint32
 from nkilib_msda.simulator.errors import nki_error
-from nkilib_msda.simulator.isa.enums import dge_mode as _dge_mode
+from nkilib_msda.simulator.isa.enums import as_enum, dge_mode as _dge_mode
 from nkilib_msda.simulator.isa.enums import engine as _engine
 from nkilib_msda.simulator.isa.enums import oob_mode as _oob_mode
 from nkilib_msda.simulator.tensor import DynamicAccess, IndirectAccess, NkiTensor, Storage
@@ -83,11 +83,7 @@ class _Operand:
 
 
 def _enum(instruction: str, name: str, value: Any, cls: type[Enum]) -> Enum:
-    if isinstance(value, cls):
-        return value
-    raise nki_error(instruction, "enum argument",
-                    f"{name} must be a member of nisa.{cls.__name__} (e.g. "
-                    f"nisa.{cls.__name__}.{next(iter(cls.__members__))}), got {value!r}")
+    return as_enum(value, cls, name, instruction)  # member or raw value (emu-api, R11)
 
 
 def _check_operand(instruction: str, role: str, x: Any) -> None:

@@ -1,23 +1,43 @@
-"""Enums of ``nki.isa`` (named members; raw ints are rejected by the instructions)."""
+"""Enums of ``nki.isa`` with the members and numeric values of NKI 0.8, and :func:`as_enum`.
+
+Values are those of the generated API source ``_modules/nki/isa.html``
+(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/_modules/nki/isa.html; the same values
+are in the v2.33.0 page and in the published ``nki/api/nki/isa/__init__.py`` stubs):
+``engine`` tensor=1, scalar=2, gpsimd=3, dma=4, vector=5, sync=6, unknown=0;
+``dge_mode`` unknown=0, swdge=1, hwdge=2, none=3; ``oob_mode`` error=0, skip=1;
+``reduce_cmd`` idle=0 .. load_reduce=4; ``matmul_perf_mode`` 'none', 'double_row';
+``nc_version`` gen2..gen4; ``dma_engine`` dma=1, gpsimd_dma=2.
+
+Instructions accept a member or the member's raw value (``dge_mode=3``), as the real API does
+(an ``Enum`` argument is compared by value when the IR is emitted); :func:`as_enum` does the
+conversion at every enum argument.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any, TypeVar
+
+from nkilib_msda.simulator.errors import NkiError
 
 __all__ = ["engine", "oob_mode", "dge_mode", "reduce_cmd", "matmul_perf_mode", "nc_version",
-           "get_nc_version"]
+           "dma_engine", "get_nc_version", "get_nc_sub_version"]
+
+E = TypeVar("E", bound=Enum)
 
 
 class engine(Enum):
-    """Engine selector for instructions that may run on several engines."""
+    """Neuron device engines (``engine=`` of multi-engine instructions)."""
 
     unknown = 0
     tensor = 1
-    vector = 2
-    scalar = 3
-    gpsimd = 4
-    sync = 5
-    activation = 3  # alias of scalar (ACT engine)
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+    # Emulator-internal alias of ``scalar`` (the ACT engine); not a documented member.
+    activation = 2
 
 
 class oob_mode(Enum):
@@ -28,17 +48,17 @@ class oob_mode(Enum):
 
 
 class dge_mode(Enum):
-    """Descriptor generation: none (static), swdge (GpSimd, needed for vector_offset),
-    hwdge (hardware, no indirection), unknown (compiler picks)."""
+    """Descriptor generation: unknown (compiler picks), swdge (GpSimd software DGE), hwdge
+    (hardware DGE), none (descriptors prepared by the runtime before execution)."""
 
     unknown = 0
-    none = 1
-    swdge = 2
-    hwdge = 3
+    swdge = 1
+    hwdge = 2
+    none = 3
 
 
 class reduce_cmd(Enum):
-    """Accumulator commands of activation's optional free-axis reduction."""
+    """Accumulator-register commands (activation, select_reduce, tensor_scalar_reduce)."""
 
     idle = 0
     reset = 1
@@ -48,16 +68,40 @@ class reduce_cmd(Enum):
 
 
 class matmul_perf_mode(Enum):
-    none = 0
-    double_row = 1
-    double_column = 2
-    double_row_gen3 = 3
+    """``perf_mode`` of ``nc_matmul`` (only ``none`` is modelled)."""
+
+    none = "none"
+    double_row = "double_row"
 
 
 class nc_version(Enum):
+    """NeuronCore version: gen2 (trn1/inf2), gen3 (trn2), gen4 (trn3)."""
+
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+
+class dma_engine(Enum):
+    """DMA engine of ``nki.lnc.sendrecv``: shared DMA (default) or GpSimd's internal DMA."""
+
+    dma = 1
+    gpsimd_dma = 2
+
+
+def as_enum(value: Any, cls: type[E], argument: str, instruction: str = "nki.isa") -> E:
+    """``value`` as a member of ``cls``: a member passes, a raw value (``3`` for
+    ``dge_mode.none``) is looked up; anything else raises NkiError naming ``argument``."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, (bool, Enum)):
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            pass
+    members = ", ".join(f"{m.name}={m.value!r}" for m in cls)
+    raise NkiError(f"{instruction}: enum argument: {argument} must be a nisa.{cls.__name__} "
+                   f"member or its value ({members}), got {value!r}")
 
 
 def get_nc_version() -> nc_version:
@@ -68,3 +112,8 @@ def get_nc_version() -> nc_version:
     ctx = current_or_none()
     target = ctx.target if ctx is not None else get_target()
     return nc_version.gen4 if target.name == "trn3" else nc_version.gen3
+
+
+def get_nc_sub_version() -> Any:
+    """Documented in ``nki.isa``; the emulator has no sub-versions."""
+    raise NkiError("get_nc_sub_version is not modelled by this emulator")

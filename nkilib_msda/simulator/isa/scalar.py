@@ -23,6 +23,7 @@ from nkilib_msda.simulator.alu import NkiOp, add, warn_out_of_range
 from nkilib_msda.simulator.dtypes import tfloat32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
+from nkilib_msda.simulator.isa.enums import as_enum, reduce_cmd as _reduce_cmd_enum
 
 __all__ = ["activation", "activation_reduce", "activate2", "exponential"]
 
@@ -92,6 +93,7 @@ def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0,
 def _reduce_cmd_name(instr: str, reduce_cmd: Any) -> str:
     if reduce_cmd is None:
         return "idle"
+    reduce_cmd = as_enum(reduce_cmd, _reduce_cmd_enum, "reduce_cmd", instr)  # raw ints (R11)
     name = getattr(reduce_cmd, "name", None)
     if isinstance(reduce_cmd, (int, str)) or name not in (
             "idle", "reset", "reduce", "reset_reduce"):

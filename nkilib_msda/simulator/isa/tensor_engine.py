@@ -26,6 +26,7 @@ from nkilib_msda.simulator.dtypes import (bfloat16, float8_e4m3, float8_e4m3fn, 
                                           float16, float32, tfloat32)
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
+from nkilib_msda.simulator.isa.enums import as_enum, matmul_perf_mode
 
 __all__ = ["nc_matmul", "nc_transpose"]
 
@@ -105,6 +106,7 @@ def nc_matmul(dst: Any, stationary: Any, moving: Any, is_stationary_onezero: boo
     ops.require_tensor(instr, "moving", moving, ops.SBUF_ONLY)
     if accumulate not in (None, True, False):
         raise nki_error(instr, "accumulate", f"accumulate must be None, True or False, got {accumulate!r}")
+    perf_mode = None if perf_mode is None else as_enum(perf_mode, matmul_perf_mode, "perf_mode", instr)
     if perf_mode is not None and not isinstance(perf_mode, Enum):
         raise nki_error(instr, "enum argument",
                         f"perf_mode must be a nisa.matmul_perf_mode member, got {perf_mode!r}")

@@ -24,6 +24,7 @@ from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import bool_, int8, int16, tfloat32, uint8, uint16, uint32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa import _operands as ops
+from nkilib_msda.simulator.isa.enums import as_enum, reduce_cmd as _reduce_cmd_enum
 
 __all__ = ["tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_copy", "memset",
            "tensor_reduce", "reciprocal", "tensor_copy_predicated", "select_reduce",
@@ -454,6 +455,7 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
     mask = _predicate(instr, predicate, _PREDICATE_DTYPES_SELECT, p, reverse_pred)
     result = np.where(mask, ops.as_pf(access.read_f32(on_true, instr), p), false_values)
     ops.write_result(dst, result.astype(np.float32), instr)
+    reduce_cmd = None if reduce_cmd is None else as_enum(reduce_cmd, _reduce_cmd_enum, "reduce_cmd", instr)
     cmd = "idle" if reduce_cmd is None else getattr(reduce_cmd, "name", None)
     if isinstance(reduce_cmd, (int, str)) or cmd not in ("idle", "reset", "reduce", "reset_reduce"):
         raise nki_error(instr, "reduce_cmd",
@@ -531,6 +533,7 @@ def tensor_scalar_reduce(dst: Any, data: Any, op0: Any, operand0: Any, reduce_op
     if red.name not in _REDUCE_IDENTITY:
         raise nki_error(instr, "reduce op",
                         f"reduce_op must be nl.add, nl.multiply, nl.max or nl.min, got {reduce_op!r}")
+    reduce_cmd = None if reduce_cmd is None else as_enum(reduce_cmd, _reduce_cmd_enum, "reduce_cmd", instr)
     cmd = "reset_reduce" if reduce_cmd is None else getattr(reduce_cmd, "name", None)
     if isinstance(reduce_cmd, (int, str)) or cmd not in ("reset_reduce", "reduce", "load_reduce"):
         raise nki_error(instr, "reduce_cmd",
