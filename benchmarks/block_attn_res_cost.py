@@ -1,4 +1,4 @@
-"""Cost report of the Block AttnRes NKI kernels for the shapes of block-attn-res.md section 8.
+"""Cost report of the Block AttnRes NKI kernels for the shapes of docs/block_attn_res.md.
 
 Writes benchmarks/block_attn_res_cost.md (``python benchmarks/block_attn_res_cost.py``).
 
@@ -10,7 +10,7 @@ shape is fixed + (BT/256) * per-tile per program. A third run (k = 3) checks the
 exactly. Everything else about the shape (L, D, mode, SBUF plan) is the real one.
 
 Time model (the emulator counts, it does not time): HBM at 0.725 TB/s per LNC=2 logical core
-(doc section 8); each compute engine of each physical core runs ~1 element per partition per
+(docs/block_attn_res.md); each compute engine of each physical core runs ~1 element per partition per
 cycle with the documented per-instruction cost max(MIN_II, N) + MIN_II, MIN_II = 64, at an
 assumed 1.4 GHz; N = elements / 128 per instruction (full tiles). The Tensor engine is charged
 max(64, N) + 64 + 128 (stationary load) cycles per matmul. Engines and DMA are assumed to
@@ -47,7 +47,7 @@ ENGINES = ("vector", "scalar", "gpsimd", "tensor")
 
 
 def compulsory_bytes(direction: str, b: int, t: int, n_src: int, d: int) -> int:
-    """block-attn-res.md section 8 (bf16, partial block given, both caches)."""
+    """docs/block_attn_res.md shapes (bf16, partial block given, both caches)."""
     tokens = b * t
     v_passes = 2 if direction == "fwd" else 4
     return v_passes * n_src * tokens * d + 2 * tokens * d + 8 * tokens * n_src
@@ -222,7 +222,7 @@ ANALYSIS = """## Reading the numbers
   product to GpSimd (`engine=gpsimd`, throughput on trn2 unverified here) would balance the
   backward further. Both keep the HBM traffic unchanged.
 - Modelled numbers assume perfect overlap of DMA and engines and ignore DMA fixed costs (~600 ns
-  of descriptor generation per HWDGE instruction, nki-subset.md; the slab DMAs are large and
+  of descriptor generation per HWDGE instruction, docs/kernels.md; the slab DMAs are large and
   double-buffered in the x2 modes); a profile on hardware is the real test.
 """
 

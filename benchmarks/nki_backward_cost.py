@@ -43,7 +43,7 @@ CASES = [
     ("S4 fp32 value", MSDACase(num_queries=256, value_dtype="float32", param_dtype="float32"), {}),
 ]
 _SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
-MODEL_CASES = [  # BEVFormer-base sizes (msda-design.md D); minutes in the emulator
+MODEL_CASES = [  # BEVFormer-base sizes (docs/kernels.md, "Tests"); minutes in the emulator
     ("BEVFormer-base SCA (N_q=18000, BNLC)", MSDACase(num_queries=18000, spatial_shapes=_SCA_LEVELS,
                                                       value_layout="BNLC", locations_layout="B2QHLP"), {}),
     ("BEVFormer-base TSA (N_q=40000, 200x200)", MSDACase(num_queries=40000, num_points=4,
@@ -155,7 +155,7 @@ read-modify-write of an fp32 row, so the scatter moves 2 x 4 x C_h x 4 B per poi
 the scatter RMW is the largest HBM stream (SCA: {sca_rmw:.0f} of {sca_all:.0f} MB, buffers
 {sca_share:.0f}%). On hardware the descriptor *count* is likely to bound both streams rather
 than their bytes (64-256 B descriptors; small-descriptor DMA efficiency is undocumented,
-performance.md section 7); batching (transpose index columns, x-pairs) cuts DMA instructions
+docs/performance.md); batching (transpose index columns, x-pairs) cuts DMA instructions
 (0.002-0.016 per point) but not descriptors, except for BNLC pairs.
 
 The K-buffer cost (zero once, read once) is proportional to lnc * sets * K * B * L * N_h * C_h

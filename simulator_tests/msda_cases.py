@@ -1,6 +1,6 @@
 """Shared MSDA simulator-test cases and checks (forward and backward kernels).
 
-Inputs follow msda-design.md D (see ``nkilib_msda.inputs``):
+Inputs follow the upstream test matrix (docs/kernels.md, "Tests"; see ``nkilib_msda.inputs``):
 value ~ N(0,1) in the value dtype, locations ~ U[0,1), weights ~ U[0.1,1) normalised over
 (N_l, N_p), fp16 by default. References always run on the same rounded arrays.
 """
@@ -24,7 +24,7 @@ def case(name: str, **kw) -> MSDACase:
     return MSDACase(name=name, **kw)
 
 
-# Upstream test matrix (msda-design.md D); blank cells take the defaults B=1, N_q=256,
+# Upstream test matrix (docs/kernels.md, "Tests"); blank cells take the defaults B=1, N_q=256,
 # BQHLP2, align_corners=False, zeros.
 BASIC_CASES = (
     case("1-B2-BLNC-B2QHLP", batch=2, value_layout="BLNC", locations_layout="B2QHLP"),

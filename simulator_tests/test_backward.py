@@ -68,7 +68,7 @@ def check_case(c: MSDACase, lnc: int = 2, seed: int = 0, **kw) -> dict[str, floa
     return check_gradients(outs, ms_deformable_attention_bwd_ref(grad, **args), c)
 
 
-# ------------------------------------------------------------------ upstream matrix (msda-design.md D)
+# ------------------------------------------------------------------ upstream matrix (docs/kernels.md, "Tests")
 @pytest.mark.parametrize("c", BASIC_CASES, ids=lambda c: c.name)
 def test_basic_matrix(c):
     """All 14 upstream cases at full size (upstream runs only #10-14 fast; here all are ~1-5 s)."""

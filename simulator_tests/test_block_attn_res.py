@@ -4,7 +4,7 @@ Cascade as in PyPTO: kernel forward -> fp32 caches -> kernel backward, each comp
 float64 golden computed on the same (rounded) inputs. Inputs: randn blocks and grad_h,
 proj_weight = randn / sqrt(4 D) (times a spread factor so the softmax is not uniform),
 gamma = 1 + noise (non-unit) unless stated.
-Tolerances (block-attn-res.md section 7): max|err| / max|ref| <= 1.6e-2 for bf16 tensors
+Tolerances (docs/block_attn_res.md): max|err| / max|ref| <= 1.6e-2 for bf16 tensors
 (2e-3 fp16, 1e-5 fp32); fp32 caches <= 1e-5 relative; grad_w / grad_gamma relative L2 <= 1e-2 and
 max-relative within the dtype tolerance.
 """

@@ -1,12 +1,15 @@
 """NumPy float64 reference for multi-scale deformable attention (the oracle).
 
-Semantics are msda-design.md Part A (api.md section 2): ``loc[..., 0]`` is x along W,
+Semantics are those of docs/math.md (and docs/api.md): ``loc[..., 0]`` is x along W,
 ``loc[..., 1]`` is y along H; pixel coordinate ``x = u*W - 0.5`` (``align_corners=False``) or
 ``x = u*(W - 1)`` (``True``); corners (y0,x0), (y0,x1), (y1,x0), (y1,x1); padding "zeros",
 "border" or "reflection" exactly as ``torch.nn.functional.grid_sample``. The backward gives
 exact derivatives of the forward. A NaN coordinate (or a non-finite one in reflection mode,
 whose reflection is undefined) contributes nothing and gets zero gradient; no coordinate can
-cause an out-of-range index.
+cause an out-of-range index. A corner outside the map contributes exactly nothing (to the
+output and every gradient) even when the pixel its index was clamped to holds inf or NaN;
+an in-map corner that reads inf/NaN still propagates it. NumPy floating-point warnings
+never escape the public functions (also under ``np.seterr(all="raise")``).
 
 Everything is vectorized over samples; work is chunked over queries to bound memory.
 """
@@ -142,12 +145,16 @@ def _axis_corners(u: np.ndarray, size: int, align_corners: bool, padding_mode: s
 class _BilinearTerms:
     """Per sample and corner, arrays of shape (B, Q, N_h, N_l, N_p, 4).
 
-    ``rows`` index the value viewed as 2-D (rows, C_h) in its own layout; ``weights`` are the
-    masked bilinear weights m_c*w_c; ``d_weights_du``/``d_weights_dv`` their derivatives with
-    respect to the normalized x / y coordinate (None unless requested).
+    ``rows`` index the value viewed as 2-D (rows, C_h) in its own layout (clamped, so always
+    safe to gather); ``valid`` says whether the corner is inside the map (and the sample
+    usable): an invalid corner contributes exactly nothing, even if its clamped pixel holds
+    inf or NaN; ``weights`` are the masked bilinear weights m_c*w_c;
+    ``d_weights_du``/``d_weights_dv`` their derivatives with respect to the normalized x / y
+    coordinate (None unless requested).
     """
 
     rows: np.ndarray
+    valid: np.ndarray
     weights: np.ndarray
     d_weights_du: np.ndarray | None
     d_weights_dv: np.ndarray | None
@@ -167,6 +174,7 @@ def _bilinear_terms(problem: MSDAProblem, locations: np.ndarray, with_derivative
     """Corner rows, weights (and weight derivatives) for locations (B, Q, N_h, N_l, N_p, 2)."""
     shape = (*locations.shape[:-1], 4)
     rows = np.empty(shape, np.int64)
+    valid = np.empty(shape, bool)
     weights = np.empty(shape)
     d_du = np.empty(shape) if with_derivatives else None
     d_dv = np.empty(shape) if with_derivatives else None
@@ -181,7 +189,9 @@ def _bilinear_terms(problem: MSDAProblem, locations: np.ndarray, with_derivative
         corner = 0
         for y_index, y_valid, y_weight, y_sign in y_corners:  # corner order (y0,x0),(y0,x1),(y1,x0),(y1,x1)
             for x_index, x_valid, x_weight, x_sign in x_corners:
-                mask = (x_valid & y_valid).astype(np.float64)
+                inside = x_valid & y_valid
+                mask = inside.astype(np.float64)
+                valid[:, :, :, level, :, corner] = inside
                 rows[:, :, :, level, :, corner] = _value_rows(problem, start + y_index * width + x_index)
                 weights[:, :, :, level, :, corner] = mask * x_weight * y_weight
                 if with_derivatives:
@@ -189,7 +199,14 @@ def _bilinear_terms(problem: MSDAProblem, locations: np.ndarray, with_derivative
                     d_du[:, :, :, level, :, corner] = mask * x_sign * y_weight * xs.scale
                     d_dv[:, :, :, level, :, corner] = mask * x_weight * y_sign * ys.scale
                 corner += 1
-    return _BilinearTerms(rows=rows, weights=weights, d_weights_du=d_du, d_weights_dv=d_dv)
+    return _BilinearTerms(rows=rows, valid=valid, weights=weights, d_weights_du=d_du,
+                          d_weights_dv=d_dv)
+
+
+def _gather_valid(value_rows: np.ndarray, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """value_rows[rows] with the rows of invalid corners replaced by exact zeros: a masked
+    weight times a non-finite clamped pixel (0 * inf) must not turn into NaN."""
+    return np.where(valid[..., None], value_rows[rows], 0.0)
 
 
 # ------------------------------------------------------------------------ chunking
@@ -212,12 +229,14 @@ class _RowScatter:
 
     def __init__(self, num_rows: int, channels: int):
         self._sums = np.zeros((channels, num_rows))
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_entries = 0
 
-    def add(self, rows: np.ndarray, weights: np.ndarray, grad: np.ndarray) -> None:
-        """rows, weights: (M, K) entries for M output vectors; grad: (M, C)."""
-        self._pending.append((rows, weights, grad))
+    def add(self, rows: np.ndarray, weights: np.ndarray, grad: np.ndarray,
+            valid: np.ndarray) -> None:
+        """rows, weights, valid: (M, K) entries for M output vectors; grad: (M, C). Entries
+        with ``valid`` False add exactly nothing (even where grad is non-finite)."""
+        self._pending.append((rows, weights, grad, valid))
         self._pending_entries += rows.size
         if self._pending_entries >= _SCATTER_ENTRIES_PER_FLUSH:
             self._flush()
@@ -225,12 +244,13 @@ class _RowScatter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        rows = np.concatenate([r for r, _, _ in self._pending]).ravel()
-        weights = np.concatenate([w for _, w, _ in self._pending])
-        grad = np.concatenate([g for _, _, g in self._pending])
+        rows = np.concatenate([r for r, _, _, _ in self._pending]).ravel()
+        weights = np.concatenate([w for _, w, _, _ in self._pending])
+        grad = np.concatenate([g for _, _, g, _ in self._pending])
+        valid = np.concatenate([v for _, _, _, v in self._pending])
         num_rows = self._sums.shape[1]
         for channel in range(self._sums.shape[0]):
-            entry_values = (weights * grad[:, channel, None]).ravel()
+            entry_values = np.where(valid, weights * grad[:, channel, None], 0.0).ravel()
             self._sums[channel] += np.bincount(rows, weights=entry_values, minlength=num_rows)
         self._pending, self._pending_entries = [], 0
 
@@ -259,7 +279,17 @@ def ms_deformable_attention_ref(
     value (B, L, N_h, C_h) "BLNC" or (B, N_h, L, C_h) "BNLC"; sampling_locations
     (B, N_q, N_h, N_l, N_p, 2) "BQHLP2" or (B, 2, N_q, N_h, N_l, N_p) "B2QHLP";
     attention_weights (B, N_q, N_h, N_l, N_p). Returns (B, N_q, N_h*C_h) float64.
+    Floating-point warnings (0 * inf inside a real dependence, overflow) never escape.
     """
+    with np.errstate(all="ignore"):
+        return _forward(value, spatial_shapes, level_start_index, sampling_locations,
+                        attention_weights, value_layout, sampling_locations_layout,
+                        align_corners, padding_mode)
+
+
+def _forward(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
+             attention_weights: Any, value_layout: str, sampling_locations_layout: str,
+             align_corners: bool, padding_mode: str) -> np.ndarray:
     problem = validate_msda_args(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
         value_layout, sampling_locations_layout, align_corners, padding_mode)
@@ -272,7 +302,8 @@ def ms_deformable_attention_ref(
         terms = _bilinear_terms(problem, locations[:, queries], with_derivatives=False)
         coefficients = terms.weights * attention[:, queries, ..., None]
         n_q = coefficients.shape[1]
-        gathered = value_rows[terms.rows.reshape(b * n_q * n_h, -1)]  # (M, K, C)
+        gathered = _gather_valid(value_rows, terms.rows.reshape(b * n_q * n_h, -1),
+                                 terms.valid.reshape(b * n_q * n_h, -1))  # (M, K, C)
         out[:, queries] = np.matmul(coefficients.reshape(b * n_q * n_h, 1, -1), gathered
                                     ).reshape(b, n_q, n_h, c_h)
     return out.reshape(problem.output_shape)
@@ -294,7 +325,18 @@ def ms_deformable_attention_bwd_ref(
 
     Returns float64 (grad_value, grad_sampling_locations, grad_attention_weights) in the
     input layouts: value's shape, the locations' shape, and (B, N_q, N_h, N_l, N_p).
+    Floating-point warnings never escape.
     """
+    with np.errstate(all="ignore"):
+        return _backward(grad_output, value, spatial_shapes, level_start_index,
+                         sampling_locations, attention_weights, value_layout,
+                         sampling_locations_layout, align_corners, padding_mode)
+
+
+def _backward(grad_output: Any, value: Any, spatial_shapes: Any, level_start_index: Any,
+              sampling_locations: Any, attention_weights: Any, value_layout: str,
+              sampling_locations_layout: str, align_corners: bool, padding_mode: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     problem = validate_msda_args(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
         value_layout, sampling_locations_layout, align_corners, padding_mode, grad_output=grad_output)
@@ -314,12 +356,15 @@ def ms_deformable_attention_bwd_ref(
         m = b * n_q * n_h
         g = grad_out[:, queries].reshape(m, c_h)
         rows = terms.rows.reshape(m, -1)
-        # dc[s, c] = <g, V[row of corner c]>: the upstream gradient seen by each corner.
-        corner_dots = np.matmul(value_rows[rows], g[:, :, None]).reshape(terms.weights.shape)
+        valid = terms.valid.reshape(m, -1)
+        # dc[s, c] = <g, V[row of corner c]>: the upstream gradient seen by each corner
+        # (exactly 0 for a corner outside the map, whatever its clamped pixel or g holds).
+        dots = np.matmul(value_rows[rows], g[:, :, None])[..., 0]
+        corner_dots = np.where(valid, dots, 0.0).reshape(terms.weights.shape)
         grad_attention[:, queries] = np.sum(terms.weights * corner_dots, axis=-1)
         grad_locations[:, queries, ..., 0] = a * np.sum(terms.d_weights_du * corner_dots, axis=-1)
         grad_locations[:, queries, ..., 1] = a * np.sum(terms.d_weights_dv * corner_dots, axis=-1)
-        scatter.add(rows, (terms.weights * a[..., None]).reshape(m, -1), g)
+        scatter.add(rows, (terms.weights * a[..., None]).reshape(m, -1), g, valid)
     grad_value = scatter.result().reshape(problem.value_shape)
     return (grad_value, _to_location_layout(grad_locations, problem.sampling_locations_layout),
             grad_attention)

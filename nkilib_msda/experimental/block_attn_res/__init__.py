@@ -1,6 +1,6 @@
-"""Block Attention Residuals (block-attn-res.md): NKI kernels, validation, tiling, torch API.
+"""Block Attention Residuals (docs/block_attn_res.md): NKI kernels, validation, tiling, torch API.
 
-``block_attn_res`` / ``block_attn_res_backward`` are the torch-level functions of api.md section 7
+``block_attn_res`` / ``block_attn_res_backward`` are the torch-level functions of docs/api.md
 (imported lazily, so the kernels and plans work without torch); ``block_attn_res_fwd`` /
 ``block_attn_res_bwd`` are the NKI kernels on the source-major [L, B*T, D] layout.
 """

@@ -5,27 +5,32 @@ from __future__ import annotations
 from typing import Any
 
 from nkilib_msda._nki import nisa, nl
-from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE, SBUF_USABLE_BYTES
+from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE
+from nkilib_msda.experimental.kernel_commons import (SBUF_USABLE_BYTES, core_barrier, core_info,
+                                                      usable_sbuf_bytes)
 from nkilib_msda.validation import dtype_name
 
-__all__ = ["launch", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
+__all__ = ["launch", "barrier", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
 
 
 def launch() -> tuple[int, int]:
-    """(LNC degree, this program's id); a kernel called without a grid is one program."""
-    if nl.program_ndim() == 0:
-        return 1, 0
-    return nl.num_programs(0), nl.program_id(0)
+    """(LNC degree, this core's index): ``nl.num_programs()`` / ``nl.program_id(0)``, see
+    kernel_commons.core_info (correct for env-var LNC, bracket launch and LNC 1 alike)."""
+    return core_info()
+
+
+def barrier(data: Any, lnc: int) -> None:
+    """Cross-core barrier over the shared-HBM tensor ``data`` (a no-op at LNC 1)."""
+    core_barrier(data, lnc)
 
 
 def sbuf_budget() -> int:
     """Usable SBUF bytes per partition: the target's, capped at the trn2 figure of nki-library."""
-    return min(int(nl.tile_size.total_available_sbuf_size), SBUF_USABLE_BYTES["trn2"])
+    return min(usable_sbuf_bytes(), SBUF_USABLE_BYTES["trn2"])
 
 
 def check_vector_arg(name: str, x: Any, dim: int) -> None:
     """Kernel-contract check of a [D] HBM vector (fp32 by contract; any float is cast on load)."""
-    # No `is None` in kernel code: NKI 0.3-0.6 reject the `is` operator.
     if not hasattr(x, "shape") or tuple(x.shape) != (dim,):
         got = tuple(x.shape) if hasattr(x, "shape") else x
         raise ValueError(f"{name}: expected an HBM tensor of shape ({dim},), got {got}")

@@ -32,7 +32,7 @@ from typing import Any
 
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.block_attn_res._kernel_common import (
-    check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
+    barrier, check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
 from nkilib_msda.experimental.block_attn_res.tiling import (
     BETA_CHUNK, TOKEN_TILE, BackwardPlan, plan_backward)
 
@@ -264,7 +264,7 @@ def _write_weight_grads(t: _Tiles, plan: BackwardPlan, pid: int, outputs: tuple)
         nisa.dma_copy(dst=partials.ap([[1, rows], [padded, n_out], [BETA_CHUNK, cols]],
                                       offset=pid * 2 * padded + first * BETA_CHUNK),
                       src=t.grads[0:rows, 0:n_out, first:first + cols])
-    nisa.core_barrier(partials, cores=(0, 1))
+    barrier(partials, lnc)
     start = pid * band
     band_groups = _column_groups(band)
     for first, cols, rows in band_groups:

@@ -134,7 +134,7 @@ def _scores(t: _Tiles, rows: int, cols: slice, dim: int, eps: float, enable_rmsn
 
 def _softmax(t: _Tiles, rows: int) -> None:
     """alpha = exp(z - max z) / sum; keeps esum and its reciprocal rsum."""
-    nisa.tensor_reduce(dst=t.neg_max[0:rows], op=nl.max, data=t.z[0:rows], axis=1, negate=True)
+    nisa.tensor_reduce(dst=t.neg_max[0:rows], op=nl.maximum, data=t.z[0:rows], axis=1, negate=True)
     nisa.activation(dst=t.e[0:rows], op=nl.exp, data=t.z[0:rows], bias=t.neg_max[0:rows],
                     reduce_op=nl.add, reduce_res=t.esum[0:rows], reduce_cmd=_RESET_REDUCE)
     nisa.reciprocal(dst=t.rsum[0:rows], data=t.esum[0:rows])
@@ -156,7 +156,7 @@ def _group_weights(t: _Tiles, rows: int, cols: slice, first_group: bool, run_max
     the accumulator is rescaled by exp(m_old - m) (one ScalarE pass per group)."""
     r = slice(0, rows)
     new_max = run_max[1] if not first_group else run_max[0]
-    nisa.tensor_reduce(dst=t.group_max[r], op=nl.max, data=t.z[r, cols], axis=1)
+    nisa.tensor_reduce(dst=t.group_max[r], op=nl.maximum, data=t.z[r, cols], axis=1)
     if first_group:
         nisa.tensor_copy(dst=new_max[r], src=t.group_max[r])
     else:

@@ -24,15 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, cast
 
+from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.experimental.kernel_commons import PARTITIONS, PSUM_BANK_FP32, SBUF_USABLE_BYTES
+
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "SBUF_USABLE_BYTES", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
 
-TOKEN_TILE = 128  # tokens per tile = partitions
-BETA_CHUNK = 128  # D values per beta matmul (the stationary's M = PSUM partitions)
-PSUM_BANK_FP32 = 512  # fp32 columns per PSUM bank (one matmul output)
-# Usable SBUF per partition (nki-subset.md section 1: nki-library subtracts dynamic-DMA scratch).
-SBUF_USABLE_BYTES = {"trn1": 192 * 1024 - 17 * 1024, "trn2": 207 * 1024, "trn3": 239 * 1024}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+TOKEN_TILE = PARTITIONS  # tokens per tile = partitions
+BETA_CHUNK = PARTITIONS  # D values per beta matmul (the stationary's M = PSUM partitions)
+# The kernels' tensor dtypes and their sizes (hardware facts live in kernel_commons).
+DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in ("bfloat16", "float16", "float32")}
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -1,4 +1,4 @@
-"""Argument checks shared by every Block AttnRes backend (block-attn-res.md section 5).
+"""Argument checks shared by every Block AttnRes backend (docs/block_attn_res.md).
 
 Works on NumPy arrays and torch tensors (anything with ``.shape`` and ``.dtype``; ``.device`` is
 compared when present). Errors are ``ValueError`` (or ``TypeError`` for a non-tensor) naming the

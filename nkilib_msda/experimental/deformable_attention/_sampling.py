@@ -13,11 +13,11 @@ tiles with different ``q_pack``:
 
 All coordinate math is fp32. The (multiply, add) scalings and one cast run on the Scalar
 engine (trn2 ScalarE allows exactly these), the rest on the Vector engine; GpSimd stays free
-for the SWDGE descriptors of the indirect gathers. Safety: NaN coordinates are replaced by 0
-with a bit mask (no reliance on max/min NaN semantics) and their samples get weight 0; every
-pixel coordinate is clamped to [-1, size] (zeros) or [0, size-1] (border) *before* the
-float->int cast, so each corner index is in range for any input; the floor is a real floor
-(RNE cast, then subtract ``float(i) > x``). Row indices are in rows of the 2-D
+for the SWDGE descriptors of the indirect gathers. The coordinate steps themselves (NaN
+removal, pixel transform and clamp, floor, corner validity) are the shared helpers of
+``coordinates.py``; every corner index is in range for any input, and a corner outside the
+map (or of a NaN sample) is removed bitwise after the gather, so it contributes exactly 0
+even when the clamped pixel holds inf or NaN. Row indices are in rows of the 2-D
 ``(B * rows, C_h)`` value view:
 ``pixel * N_h + h`` (BLNC) or ``h * L + pixel`` (BNLC), exact in fp32 while ``L * N_h < 2^24``.
 """
@@ -27,16 +27,18 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from nkilib_msda._nki import nisa, nl
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.kernel_commons import PARTITIONS
 from nkilib_msda.validation import MSDAProblem
 
 __all__ = [
     "PARTITIONS", "tile_view", "load_locations", "load_attention", "store_rows",
     "sanitize_coordinates", "to_pixel_coordinates", "floor_with_fraction",
     "clamp_corners", "corner_factors", "build_head_offsets", "corner_rows",
-    "corner_weights", "pixel_scale", "mark_padded_rows",
+    "corner_weights", "pixel_scale", "mark_padded_rows", "corner_valid_bits", "padding_row",
+    "transpose_indices",
 ]
 
-PARTITIONS = 128
 
 
 def tile_view(t: Any, dims: Sequence[Sequence[int]], offset: int = 0,
@@ -50,11 +52,7 @@ def tile_view(t: Any, dims: Sequence[Sequence[int]], offset: int = 0,
     return t.ap(pattern, offset=start, dtype=dtype)
 
 
-def pixel_scale(size: int, align_corners: bool) -> tuple[float, float]:
-    """(scale, shift) with pixel = u * scale + shift."""
-    if align_corners:
-        return float(size - 1), 0.0
-    return float(size), -0.5
+pixel_scale = crd.pixel_scale
 
 
 def _hlp(p: MSDAProblem) -> int:
@@ -103,96 +101,78 @@ def store_rows(out: Any, acc: Any, p: MSDAProblem, b: int, q_start: int, parts: 
     nisa.dma_copy(dst=dst, src=tile_view(acc, [[1, q_pack * row]], parts=parts))
 
 
-def sanitize_coordinates(xp: Any, coords: Any, mask: Any, att: Any, n: int) -> None:
-    """xp (planar 2 x n, fp32) = coords with NaN replaced by 0; att *= (x == x) * (y == y).
-
-    ``mask`` is a (128, >= 2n) int32 scratch. NaN is removed with a bitwise AND against an
-    all-ones/zero mask, which does not depend on how max/min treat NaN.
-    """
+def sanitize_coordinates(xp: Any, coords: Any, mask: Any, n: int) -> None:
+    """xp (planar 2 x n, fp32) = coords with NaN replaced by 0; mask (int32, planar 2 x n) =
+    all ones where the coordinate is a number (see coordinates.remove_nan)."""
     planar = [[n, 2], [1, n]]
-    mask_v = tile_view(mask, planar)
-    nisa.tensor_tensor(dst=mask_v, data1=coords, data2=coords, op=nl.equal)
-    nisa.tensor_scalar(dst=mask_v, data=mask_v, op0=nl.multiply, operand0=-1.0)  # 1 -> 0xFFFFFFFF
-    nisa.tensor_tensor(dst=tile_view(xp, planar, dtype=nl.int32), data1=coords.view(nl.int32),
-                       data2=mask_v, op=nl.bitwise_and)
-    att_v = tile_view(att, [[1, n]])
-    for axis in range(2):  # att *= -(-ok)
-        nisa.scalar_tensor_tensor(dst=att_v, data=tile_view(mask, [[1, n]], offset=axis * n),
-                                  op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
-                                  operand1=att_v)
+    crd.remove_nan(tile_view(xp, planar), coords, tile_view(mask, planar, dtype=nl.int32))
 
 
 def to_pixel_coordinates(xp: Any, p: MSDAProblem, slots: int) -> None:
-    """In place: u -> pixel coordinate per level and axis, clamped to [-1, size] (zeros) or
-    [0, size - 1] (border). Inputs must be finite or +-inf (NaN already removed)."""
+    """In place: u -> pixel coordinate per level and axis, clamped to coordinates.pixel_range
+    (zeros [-2, size + 1], border [0, size - 1]). NaN must already be removed; +-inf is fine."""
     nl_, np_ = p.num_levels, p.num_points
     n = slots * nl_ * np_
     for level, (height, width) in enumerate(p.spatial_shapes):
         for axis, size in ((0, width), (1, height)):
             v = tile_view(xp, [[nl_ * np_, slots], [1, np_]], offset=axis * n + level * np_)
-            scale, shift = pixel_scale(size, p.align_corners)
-            if scale == 0.0:  # align_corners on a 1-pixel axis: every coordinate is 0
-                nisa.memset(v, 0.0)
-                continue
-            nisa.tensor_scalar(dst=v, data=v, op0=nl.multiply, operand0=scale,
-                               op1=nl.add, operand1=shift, engine=nisa.engine.scalar)
-            lo, hi = (-1.0, float(size)) if p.padding_mode == "zeros" else (0.0, float(size - 1))
-            nisa.tensor_scalar(dst=v, data=v, op0=nl.maximum, operand0=lo,
-                               op1=nl.minimum, operand1=hi)
+            scale, shift = crd.pixel_scale(size, p.align_corners)
+            lo, hi = crd.pixel_range(size, p.padding_mode)
+            crd.pixel_transform(v, v, scale, shift, lo, hi, scale_engine=nisa.engine.scalar)
 
 
 def floor_with_fraction(floor_t: Any, frac_t: Any, xp: Any, int_scratch: Any, n2: int) -> None:
-    """floor_t = floor(xp), frac_t = xp - floor(xp) over n2 elements (fp32; xp finite, |xp| <
-    2^23); ``int_scratch`` is an int32 tile. The RNE cast is corrected by ``float(i) > x``."""
+    """floor_t = floor(xp), frac_t = xp - floor(xp) over n2 elements (coordinates module);
+    ``int_scratch``: any 4-byte tile of >= n2 words, viewed as int32."""
     flat = [[1, n2]]
-    ints = tile_view(int_scratch, flat)
-    x = tile_view(xp, flat)
-    fl = tile_view(floor_t, flat)
-    fr = tile_view(frac_t, flat)
-    nisa.tensor_copy(dst=ints, src=x)        # round to nearest even
-    nisa.tensor_copy(dst=fl, src=ints, engine=nisa.engine.scalar)  # back to fp32
-    nisa.tensor_tensor(dst=fr, data1=fl, data2=x, op=nl.greater)
-    nisa.tensor_tensor(dst=fl, data1=fl, data2=fr, op=nl.subtract)   # floor
-    nisa.tensor_tensor(dst=fr, data1=x, data2=fl, op=nl.subtract)    # fraction in [0, 1)
+    crd.floor_and_fraction(tile_view(floor_t, flat), tile_view(frac_t, flat), tile_view(xp, flat),
+                           tile_view(int_scratch, flat, dtype=nl.int32))
 
 
 def clamp_corners(corners: Any, floor_t: Any, p: MSDAProblem, slots: int) -> None:
     """corners[axis, side] = clamp(floor + side, 0, size - 1) per level (fp32 (2, 2, n))."""
     nl_, np_ = p.num_levels, p.num_points
     n = slots * nl_ * np_
+    axis_sample = [[2 * n, 2], [1, n]]
+    fl = tile_view(floor_t, [[n, 2], [1, n]])
+    nisa.tensor_copy(dst=tile_view(corners, axis_sample), src=fl)
+    nisa.tensor_scalar(dst=tile_view(corners, axis_sample, offset=n), data=fl, op0=nl.add,
+                       operand0=1.0)
     for level, (height, width) in enumerate(p.spatial_shapes):
         for axis, size in ((0, width), (1, height)):
-            dims = [[nl_ * np_, slots], [1, np_]]
-            src = tile_view(floor_t, dims, offset=axis * n + level * np_)
-            lo = tile_view(corners, dims, offset=(2 * axis) * n + level * np_)
-            hi = tile_view(corners, dims, offset=(2 * axis + 1) * n + level * np_)
-            nisa.tensor_scalar(dst=lo, data=src, op0=nl.maximum, operand0=0.0,
-                               op1=nl.minimum, operand1=float(size - 1))
-            # floor >= -1 after the pixel clamp, so floor + 1 >= 0 needs no lower clamp.
-            nisa.tensor_scalar(dst=hi, data=src, op0=nl.add, operand0=1.0,
-                               op1=nl.minimum, operand1=float(size - 1))
+            both = tile_view(corners, [[n, 2], [nl_ * np_, slots], [1, np_]],
+                             offset=2 * axis * n + level * np_)
+            crd.clamp_corner(both, both, float(size - 1))
 
 
-def corner_factors(factors: Any, corners: Any, floor_t: Any, frac_t: Any, padding_mode: str,
-                   n: int) -> None:
-    """factors[axis, side] (fp32 (2, 2, n)): side 0 = (1 - frac) * valid0, side 1 = frac *
-    valid1, where valid = (clamped corner == unclamped corner) in zeros mode, 1 in border mode."""
+def corner_factors(factors: Any, valid: Any, corners: Any, floor_t: Any, frac_t: Any,
+                   mask: Any, n: int) -> None:
+    """valid[axis, side] (fp32 (2, 2, n)) = 1 where the corner is inside the map and the
+    coordinate is a number (coordinates.corner_validity, apply_mask); factors[axis, side] =
+    (1 - frac) * valid0 and frac * valid1. Same in both padding modes: with border padding
+    only floor + 1 = size can be outside, where frac = 0."""
     side0 = [[2 * n, 2], [1, n]]          # (axis, sample) at side 0 of a (2, 2, n) tile
     planar = [[n, 2], [1, n]]
-    f0 = tile_view(factors, side0)
-    f1 = tile_view(factors, side0, offset=n)
+    v0 = tile_view(valid, side0)
+    v1 = tile_view(valid, side0, offset=n)
     fl = tile_view(floor_t, planar)
     fr = tile_view(frac_t, planar)
-    if padding_mode == "zeros":
-        nisa.tensor_tensor(dst=f0, data1=tile_view(corners, side0), data2=fl, op=nl.equal)
-        nisa.scalar_tensor_tensor(dst=f1, data=tile_view(corners, side0, offset=n),
-                                  op0=nl.subtract, operand0=1.0, op1=nl.equal, operand1=fl)
-        nisa.scalar_tensor_tensor(dst=f0, data=fr, op0=nl.subtract, operand0=1.0, reverse0=True,
-                                  op1=nl.multiply, operand1=f0)
-        nisa.tensor_tensor(dst=f1, data1=fr, data2=f1, op=nl.multiply)
-    else:
-        nisa.tensor_scalar(dst=f0, data=fr, op0=nl.subtract, operand0=1.0, reverse0=True)
-        nisa.tensor_copy(dst=f1, src=fr)
+    crd.corner_validity(v0, tile_view(corners, side0), fl)
+    nisa.scalar_tensor_tensor(dst=v1, data=tile_view(corners, side0, offset=n),
+                              op0=nl.subtract, operand0=1.0, op1=nl.equal, operand1=fl)
+    crd.apply_mask(tile_view(valid, [[2 * n, 2], [n, 2], [1, n]]),
+                   tile_view(mask, [[n, 2], [0, 2], [1, n]], dtype=nl.int32))
+    nisa.scalar_tensor_tensor(dst=tile_view(factors, side0), data=fr, op0=nl.subtract,
+                              operand0=1.0, reverse0=True, op1=nl.multiply, operand1=v0)
+    nisa.tensor_tensor(dst=tile_view(factors, side0, offset=n), data1=fr, data2=v1,
+                       op=nl.multiply)
+
+
+def corner_valid_bits(bits: Any, valid: Any, n: int) -> None:
+    """bits (int32 (n, 4)) = all ones where corner (ys, xs) is valid, else 0."""
+    crd.corner_bits(tile_view(bits, [[4, n], [2, 2], [1, 2]], dtype=nl.int32),
+                    tile_view(valid, [[1, n], [n, 2], [0, 2]], offset=2 * n),
+                    tile_view(valid, [[1, n], [0, 2], [n, 2]]))
 
 
 def build_head_offsets(head_off: Any, head_ints: Any, p: MSDAProblem, q_pack: int) -> None:
@@ -242,16 +222,44 @@ def corner_weights(weights: Any, factors: Any, att: Any, n: int) -> None:
                        op=nl.multiply)
 
 
-def mark_padded_rows(rows: Any, pad: Any, pad_ints: Any, parts: int, cols: int) -> None:
-    """Set the row indices of partitions >= ``parts`` to 0xFFFFFFFF (out of bounds), so an
+def padding_row(rows_total: int) -> float:
+    """An explicit out-of-range row index for padded partitions: the smallest power of two
+    >= ``rows_total`` (exact in fp32 and in uint32, so no conversion saturates)."""
+    value = 1
+    while value < rows_total:
+        value *= 2
+    if value >= 2 ** 32:
+        raise ValueError(f"value: {rows_total} rows do not fit uint32 row indices")
+    return float(value)
+
+
+def mark_padded_rows(rows: Any, pad: Any, pad_ints: Any, parts: int, cols: int,
+                     oob_row: float) -> None:
+    """Set the row indices of partitions >= ``parts`` to ``oob_row`` (out of bounds), so an
     indirect DMA with ``oob_mode.skip`` drops them instead of gathering padding.
 
-    ``rows``: uint32 (128, >= cols) with indices < 2^24; ``pad`` / ``pad_ints``: (128, 1) fp32 /
-    int32 scratch. Adding 2^32 saturates the uint32 write; every instruction starts at
-    partition 0 (the compute start-partition rule forbids writing partitions [parts, 128) alone).
+    ``rows``: uint32 (128, >= cols) with indices < oob_row; ``pad`` / ``pad_ints``: (128, 1)
+    fp32 / int32 scratch. rows = max(rows, pad) with pad = oob_row on padded partitions and 0
+    elsewhere: max returns one operand exactly, so the written value is oob_row itself.
+    Every instruction starts at partition 0 (the compute start-partition rule forbids
+    writing partitions [parts, 128) alone).
     """
     nisa.iota(pad_ints, [[0, 1]], offset=-parts, channel_multiplier=1)          # p - parts
     nisa.tensor_scalar(dst=pad, data=pad_ints, op0=nl.greater_equal, operand0=0.0,
-                       op1=nl.multiply, operand1=float(2 ** 32))
+                       op1=nl.multiply, operand1=oob_row)
     view = tile_view(rows, [[1, cols]])
-    nisa.tensor_scalar(dst=view, data=view, op0=nl.add, operand0=pad)
+    nisa.tensor_scalar(dst=view, data=view, op0=nl.maximum, operand0=pad)
+
+
+def transpose_indices(idx: Any, rows: Any, d0: int, dn: int, stack: int, width: int) -> None:
+    """Copy the DMA block's index columns [d0, d0 + dn) into ``idx`` (uint32 (128, stack *
+    width)) so that transpose j's columns d0 + j, d0 + j + stack, ... are the contiguous
+    [128, m_j] tile ``idx[:, j * width : j * width + m_j]`` that the indirect dma_transpose
+    documents (a 2-D uint32 SBUF index tile; no strided view)."""
+    full, rest = divmod(dn, stack)
+    if full:
+        nisa.tensor_copy(dst=tile_view(idx, [[width, stack], [1, full]]),
+                         src=tile_view(rows, [[1, stack], [stack, full]], offset=d0))
+    if rest:
+        nisa.tensor_copy(dst=tile_view(idx, [[width, rest], [1, 1]], offset=full),
+                         src=tile_view(rows, [[1, rest], [1, 1]], offset=d0 + full * stack))

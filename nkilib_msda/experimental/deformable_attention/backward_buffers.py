@@ -72,7 +72,7 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
     for b in range(p.batch):
         first = b * cfg.total_buffers * region
         for off, parts, width in flat_chunks(e0, e1):
-            acc = tiles["red"][0:parts, 0:width]
+            acc = tiles.red[0:parts, 0:width]
             srcs = [_rect(flat, first + k * region + off, parts, width)
                     for flat in flats for k in range(cfg.total_buffers)]
             nisa.dma_compute(dst=acc, srcs=srcs[:MAX_DMA_COMPUTE_SOURCES], reduce_op=nl.add)
@@ -85,12 +85,12 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
             if red_flat != None:  # noqa: E711
                 nisa.dma_copy(dst=_rect(red_flat, out_off, parts, width), src=acc)
             if prev_flat != None:  # noqa: E711
-                prev = tiles["red_prev"][0:parts, 0:width]
+                prev = tiles.red_prev[0:parts, 0:width]
                 nisa.dma_copy(dst=prev, src=_rect(prev_flat, out_off, parts, width))
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=prev, op=nl.subtract)
             if same_dtype:
                 nisa.dma_copy(dst=_rect(gv_flat, out_off, parts, width), src=acc)
             else:
-                out = tiles["red_out"][0:parts, 0:width]
+                out = tiles.red_out[0:parts, 0:width]
                 nisa.tensor_copy(dst=out, src=acc)
                 nisa.dma_copy(dst=_rect(gv_flat, out_off, parts, width), src=out)

@@ -38,7 +38,7 @@ Partial blocks scatter only their n live partitions (no padding rows, hence no d
 padding writes). The emulator re-checks uniqueness on every instruction.
 
 Batching (> 128 indices per DMA): a (P, M) multi-column index tile is documented only for
-``dma_transpose`` (nki-subset.md §3), so scatters and copy-gathers batch along the free dims
+``dma_transpose`` (docs/kernels.md, "Backward"), so scatters and copy-gathers batch along the free dims
 instead: with no cap or a cap >= 256, one index moves the x-corner pair (x0, x1) of one
 (point, y-corner) as two runs ``[[C_h, P], [d*C_h, 2], [1, C_h]]`` (d = N_h in BLNC, 1 in BNLC,
 where the pair is one contiguous 2*C_h run). The pair starts at ``min(x0c, W-2)`` so both
@@ -63,15 +63,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from nkilib_msda.experimental.kernel_commons import (
+    DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, SBUF_USABLE_BYTES)
 from nkilib_msda.validation import MSDAProblem
 
-PARTITIONS = 128
-FP32_EXACT_INT_MAX = 1 << 24
 MAX_SCATTER_BUFFER_SETS = 8
 MAX_DMA_COMPUTE_SOURCES = 16
 MAX_BLOCKS_PER_TILE = 16
-PSUM_BANK_BYTES = 2048
-TRN2_USABLE_SBUF_BYTES = 207 * 1024
+TRN2_USABLE_SBUF_BYTES = SBUF_USABLE_BYTES["trn2"]
 SBUF_FIT_RESERVE = 4096
 GATHER_METHODS = ("transpose", "copy")
 REDUCE_FREE_ELEMENTS = 2048  # fp32 elements per partition in one zero / reduce tile
@@ -225,7 +224,7 @@ class BackwardConfig:
         }
 
 
-_DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
+_DTYPE_BYTES = DTYPE_BYTES
 PAIR_MIN_INDICES = 2 * PARTITIONS  # a cap of >= 256 indices lets one index move an (x0, x1) pair
 
 
@@ -251,12 +250,9 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
         ("kscale_f", (1,), "float32"),
         ("loc", (f, 2), "float32"),
         ("attn", (f,), "float32"),
-        ("ok", (f,), "float32"),
-        ("okp", (f,), "uint8"),
-        ("zeros", (f,), "float32"),
+        ("okmask", (2, f), "int32"),
         ("xy", (2, f), "float32"),
         ("xy_int", (2, f), "int32"),
-        ("xy_round", (2, f), "float32"),
         ("xy_tmp", (2, f), "float32"),
         ("frac", (2, f), "float32"),
         ("scale_a", (2, f), "float32"),
@@ -267,12 +263,14 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
         ("xterm", (2, f), "float32"),
         ("rows", (f, 4), "float32"),
         ("weights", (f, 4), "float32"),
+        ("vbits", (f, 4), "int32"),
         ("grad", (blocks, c_h), "float32"),
         ("work", (cols, c_h), "float32"),
     ]
     if pairs:
         tiles += [("pair_rows", (f, 2), "float32"), ("pair_sel", (f, 2), "float32"),
-                  ("pair_tmp", (f, 4), "float32"), ("pair_coef", (f, 4), "float32")]
+                  ("pair_masks", (2, f, 2), "int32"), ("pair_tmp", (f, 4), "float32"),
+                  ("pair_coef", (f, 4), "float32"), ("pair_bits", (f, 4), "int32")]
     if want_gather:
         tiles += [
             ("gidx", (f * 4,), "uint32" if gather_method == "transpose" else "int32"),

@@ -15,6 +15,7 @@ Per-sample tile layouts (f = T*N_p samples per partition):
 from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
 
 # columns of the per-partition constant tile
 C_SX, C_SY, C_XHI, C_YHI, C_XMAX, C_YMAX, C_ROWBASE, C_YSTRIDE, C_PAIRMAX = range(9)
@@ -25,19 +26,11 @@ def _col(t, c):
     return t[:, c:c + 1]
 
 
-def floor_into(dst, src, tmp_int, tmp_round, tmp_gt) -> None:
-    """dst = floor(src) for fp32 |src| < 2^31: RNE cast, then subtract 1 where it rounded up."""
-    nisa.tensor_copy(dst=tmp_int, src=src)
-    nisa.tensor_copy(dst=tmp_round, src=tmp_int)
-    nisa.tensor_tensor(dst=tmp_gt, data1=tmp_round, data2=src, op=nl.greater)
-    nisa.tensor_tensor(dst=dst, data1=tmp_round, data2=tmp_gt, op=nl.subtract)
-
-
-def _mod_floor(dst_quot, dst_rem, j, divisor: int, tmp, tmp_int, tmp_round, tmp_gt) -> None:
+def _mod_floor(dst_quot, dst_rem, j, divisor: int, tmp, tmp_int, tmp_gt) -> None:
     """quot = floor(j / d), rem = j - d*quot for small non-negative integer-valued fp32 j."""
     nisa.tensor_scalar(dst=tmp, data=j, op0=nl.add, operand0=0.5, op1=nl.multiply,
                        operand1=1.0 / divisor)
-    floor_into(dst_quot, tmp, tmp_int, tmp_round, tmp_gt)
+    crd.floor_and_fraction(dst_quot, tmp_gt, tmp, tmp_int)
     if dst_rem != None:  # noqa: E711
         nisa.scalar_tensor_tensor(dst=dst_rem, data=dst_quot, op0=nl.multiply, operand0=float(-divisor),
                                   op1=nl.add, operand1=j)
@@ -46,17 +39,16 @@ def _mod_floor(dst_quot, dst_rem, j, divisor: int, tmp, tmp_int, tmp_round, tmp_
 def build_partition_constants(cfg, tiles) -> None:
     """Fill ``consts`` (128, 16) fp32 and ``kscale``/``kscale_f`` (128, 1) (buffer row offset)."""
     p = cfg.problem
-    consts = tiles["consts"]
-    ti = tiles["xy_int"][:, 0, 0:1]
-    tr = tiles["xy_round"][:, 0, 0:1]
-    tg = tiles["xy_tmp"][:, 0, 0:1]
+    consts = tiles.consts
+    ti = tiles.xy_int[:, 0, 0:1]
+    tg = tiles.xy_tmp[:, 0, 0:1]
     j = _col(consts, C_J)
     nisa.memset(dst=consts, value=0.0)
     nisa.iota(dst=ti, pattern=[[0, 1]], offset=0, channel_multiplier=1)
     nisa.tensor_copy(dst=j, src=ti)
     hl, h, lvl = _col(consts, C_HL), _col(consts, C_H), _col(consts, C_L)
-    _mod_floor(_col(consts, C_T2), hl, j, cfg.groups, _col(consts, C_T1), ti, tr, tg)
-    _mod_floor(h, lvl, hl, p.num_levels, _col(consts, C_T1), ti, tr, tg)
+    _mod_floor(_col(consts, C_T2), hl, j, cfg.groups, _col(consts, C_T1), ti, tg)
+    _mod_floor(h, lvl, hl, p.num_levels, _col(consts, C_T1), ti, tg)
 
     blnc = p.value_layout == "BLNC"
     alpha = p.num_heads if blnc else 1  # row step between x-adjacent pixels
@@ -80,16 +72,15 @@ def build_partition_constants(cfg, tiles) -> None:
 
 def build_kscale(cfg, tiles) -> None:
     """kscale_f[j] = floor((j mod P_s) / G) * R, the proven-unique buffer of partition j."""
-    consts = tiles["consts"]
-    ti = tiles["xy_int"][:, 0, 0:1]
-    tr = tiles["xy_round"][:, 0, 0:1]
-    tg = tiles["xy_tmp"][:, 0, 0:1]
+    consts = tiles.consts
+    ti = tiles.xy_int[:, 0, 0:1]
+    tg = tiles.xy_tmp[:, 0, 0:1]
     t1, t2 = _col(consts, C_T1), _col(consts, C_T2)
     local = _col(consts, C_EQ)
-    _mod_floor(t2, local, _col(consts, C_J), cfg.scatter_partitions, t1, ti, tr, tg)
-    _mod_floor(t2, None, local, cfg.groups, t1, ti, tr, tg)
-    nisa.tensor_scalar(dst=tiles["kscale_f"], data=t2, op0=nl.multiply, operand0=float(cfg.rows_per_batch))
-    nisa.tensor_copy(dst=tiles["kscale"], src=tiles["kscale_f"])
+    _mod_floor(t2, local, _col(consts, C_J), cfg.scatter_partitions, t1, ti, tg)
+    _mod_floor(t2, None, local, cfg.groups, t1, ti, tg)
+    nisa.tensor_scalar(dst=tiles.kscale_f, data=t2, op0=nl.multiply, operand0=float(cfg.rows_per_batch))
+    nisa.tensor_copy(dst=tiles.kscale, src=tiles.kscale_f)
 
 
 def _bc(view2, dims_after):
@@ -104,79 +95,72 @@ def sample_terms(cfg, tiles, n: int, f: int, want_gather: bool, want_gsl: bool) 
     """Bilinear rows/weights (and derivatives) of the loaded super-tile (partitions [0:n]).
 
     Reads ``loc`` (u, v) and ``attn``; writes ``rows``, ``weights``, ``scale_a`` (a * d px/d u,
-    zero where border-clipped), ``dwx``/``dwy`` (d w / d px), ``valid`` and the pair tiles.
+    zero where border-clipped), ``dwx``/``dwy`` (d w / d px), ``valid``, ``vbits`` and the
+    pair tiles. The coordinate steps are the shared helpers of ``coordinates.py``.
     """
     p = cfg.problem
-    c = tiles["consts"][0:n]
+    c = tiles.consts[0:n]
     sx, sy = c[:, C_SX:C_SX + 1], c[:, C_SY:C_SY + 1]
     xhi, yhi = c[:, C_XHI:C_XHI + 1], c[:, C_YHI:C_YHI + 1]
     xmax, ymax = c[:, C_XMAX:C_XMAX + 1], c[:, C_YMAX:C_YMAX + 1]
-    loc = tiles["loc"][0:n, 0:f, :]
+    loc = tiles.loc[0:n, 0:f, :]
     u, v = loc[:, :, 0], loc[:, :, 1]
-    ok, okp = tiles["ok"][0:n, 0:f], tiles["okp"][0:n, 0:f]
-    tmp = tiles["xy_tmp"][0:n, :, 0:f]
-    # NaN coordinates: usable = (u == u) & (v == v); sanitize them to 0 (masked out below)
-    nisa.tensor_tensor(dst=ok, data1=u, data2=u, op=nl.equal)
-    nisa.tensor_tensor(dst=tmp[:, 0, :], data1=v, data2=v, op=nl.equal)
-    nisa.tensor_tensor(dst=ok, data1=ok, data2=tmp[:, 0, :], op=nl.multiply)
-    nisa.tensor_copy(dst=okp, src=ok)
-    zeros = tiles["zeros"][0:n, 0:f]
-    nisa.tensor_copy_predicated(dst=u, src=zeros, predicate=okp, reverse_pred=True)
-    nisa.tensor_copy_predicated(dst=v, src=zeros, predicate=okp, reverse_pred=True)
+    mask = tiles.okmask[0:n, :, 0:f]   # (n, axis, f) int32: all ones where not NaN
+    tmp = tiles.xy_tmp[0:n, :, 0:f]
+    crd.remove_nan(u, u, mask[:, 0, :])
+    crd.remove_nan(v, v, mask[:, 1, :])
 
-    xy = tiles["xy"][0:n, :, 0:f]
-    scale_a = tiles["scale_a"][0:n, :, 0:f]
-    attn = tiles["attn"][0:n, 0:f]
+    xy = tiles.xy[0:n, :, 0:f]
+    scale_a = tiles.scale_a[0:n, :, 0:f]
+    attn = tiles.attn[0:n, 0:f]
     shift = 0.0 if p.align_corners else -0.5
+    border = p.padding_mode == "border"
     for axis, src, s, hi, mx in ((0, u, sx, xhi, xmax), (1, v, sy, yhi, ymax)):
         px = xy[:, axis, :]
-        # [-3, 4] in normalized units maps beyond [-2, size+1] for size >= 2 (size 1 with
-        # align_corners scales by 0), so infinities never meet a 0 scale
-        nisa.tensor_scalar(dst=px, data=src, op0=nl.maximum, operand0=-3.0, op1=nl.minimum, operand1=4.0)
-        nisa.tensor_scalar(dst=px, data=px, op0=nl.multiply, operand0=s, op1=nl.add, operand1=shift)
+        if border:
+            crd.pixel_transform(px, src, s, shift, 0.0, mx)
+        else:
+            crd.pixel_transform(px, src, s, shift, -2.0, hi)
         sa = scale_a[:, axis, :]
-        if p.padding_mode == "border":
+        if border:
+            # Strictly inside (0, size - 1) after the clamp iff strictly inside before it.
             nisa.tensor_scalar(dst=sa, data=px, op0=nl.greater, operand0=0.0)
             nisa.scalar_tensor_tensor(dst=sa, data=px, op0=nl.less, operand0=mx, op1=nl.multiply, operand1=sa)
             nisa.scalar_tensor_tensor(dst=sa, data=sa, op0=nl.multiply, operand0=s, op1=nl.multiply,
                                       operand1=attn)
-            nisa.tensor_scalar(dst=px, data=px, op0=nl.maximum, operand0=0.0, op1=nl.minimum, operand1=mx)
         else:
             nisa.tensor_scalar(dst=sa, data=attn, op0=nl.multiply, operand0=s)
-            nisa.tensor_scalar(dst=px, data=px, op0=nl.maximum, operand0=-2.0, op1=nl.minimum, operand1=hi)
 
-    corner = tiles["corner"][0:n, :, :, 0:f]
-    corner_c = tiles["corner_c"][0:n, :, :, 0:f]
-    frac = tiles["frac"][0:n, :, 0:f]
-    floor_into(corner[:, :, 0, :], xy, tiles["xy_int"][0:n, :, 0:f], tiles["xy_round"][0:n, :, 0:f], tmp)
-    nisa.tensor_tensor(dst=frac, data1=xy, data2=corner[:, :, 0, :], op=nl.subtract)
+    corner = tiles.corner[0:n, :, :, 0:f]
+    corner_c = tiles.corner_c[0:n, :, :, 0:f]
+    frac = tiles.frac[0:n, :, 0:f]
+    crd.floor_and_fraction(corner[:, :, 0, :], frac, xy, tiles.xy_int[0:n, :, 0:f])
     nisa.tensor_scalar(dst=corner[:, :, 1, :], data=corner[:, :, 0, :], op0=nl.add, operand0=1.0)
-    nisa.tensor_scalar(dst=corner_c[:, 0], data=corner[:, 0], op0=nl.maximum, operand0=0.0,
-                       op1=nl.minimum, operand1=xmax)
-    nisa.tensor_scalar(dst=corner_c[:, 1], data=corner[:, 1], op0=nl.maximum, operand0=0.0,
-                       op1=nl.minimum, operand1=ymax)
-    valid = tiles["valid"][0:n, :, :, 0:f]
-    ok_b = _bc(ok, [(1, 2), (2, 2)])
-    if p.padding_mode == "border":
-        nisa.tensor_copy(dst=valid, src=ok_b)
-    else:
-        nisa.tensor_tensor(dst=valid, data1=corner_c, data2=corner, op=nl.equal)
-        nisa.tensor_tensor(dst=valid, data1=valid, data2=ok_b, op=nl.multiply)
-    fw = tiles["fw"][0:n, :, :, 0:f]
+    crd.clamp_corner(corner_c[:, 0], corner[:, 0], xmax)
+    crd.clamp_corner(corner_c[:, 1], corner[:, 1], ymax)
+    valid = tiles.valid[0:n, :, :, 0:f]
+    crd.corner_validity(valid, corner_c, corner)
+    crd.apply_mask(valid, _bc(mask, [(2, 2)]))
+    fw = tiles.fw[0:n, :, :, 0:f]
     nisa.tensor_tensor(dst=fw[:, :, 1, :], data1=frac, data2=valid[:, :, 1, :], op=nl.multiply)
     nisa.scalar_tensor_tensor(dst=fw[:, :, 0, :], data=frac, op0=nl.subtract, operand0=1.0, reverse0=True,
                               op1=nl.multiply, operand1=valid[:, :, 0, :])
+    if tiles.vbits != None:  # noqa: E711
+        vy_all = valid[:, 1].permute((0, 2, 1))  # (n, f, a)
+        vx_all = valid[:, 0].permute((0, 2, 1))  # (n, f, b)
+        crd.corner_bits(tiles.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2)), _bc(vy_all, [(3, 2)]),
+                        _bc(vx_all, [(2, 2)]))
 
     fx = fw[:, 0].permute((0, 2, 1))   # (n, f, b)
     fy = fw[:, 1].permute((0, 2, 1))   # (n, f, a)
-    weights = tiles["weights"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+    weights = tiles.weights[0:n, 0:f, :].reshape_dim(2, (2, 2))
     nisa.tensor_tensor(dst=weights, data1=fy.expand_dim(3).broadcast(3, 2),
                        data2=fx.expand_dim(2).broadcast(2, 2), op=nl.multiply)
     if want_gsl:
         vx = valid[:, 0].permute((0, 2, 1))  # (n, f, b)
         vy = valid[:, 1].permute((0, 2, 1))  # (n, f, a)
-        dwx = tiles["dwx"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-        dwy = tiles["dwy"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+        dwx = tiles.dwx[0:n, 0:f, :].reshape_dim(2, (2, 2))
+        dwy = tiles.dwy[0:n, 0:f, :].reshape_dim(2, (2, 2))
         for b, sign in ((0, -1.0), (1, 1.0)):  # d w_ab / d x = sign_b * fy_a * vx_b
             nisa.scalar_tensor_tensor(dst=dwx[:, :, :, b], data=fy, op0=nl.multiply, operand0=sign,
                                       op1=nl.multiply, operand1=_bc(vx[:, :, b], [(2, 2)]))
@@ -188,10 +172,10 @@ def sample_terms(cfg, tiles, n: int, f: int, want_gather: bool, want_gsl: bool) 
     blnc = p.value_layout == "BLNC"
     alpha = float(p.num_heads if blnc else 1)
     rowbase, ystride = c[:, C_ROWBASE:C_ROWBASE + 1], c[:, C_YSTRIDE:C_YSTRIDE + 1]
-    xterm = tiles["xterm"][0:n, :, 0:f]
+    xterm = tiles.xterm[0:n, :, 0:f]
     nisa.tensor_scalar(dst=xterm, data=corner_c[:, 0], op0=nl.multiply, operand0=alpha, op1=nl.add,
                        operand1=rowbase)
-    rows = tiles["rows"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+    rows = tiles.rows[0:n, 0:f, :].reshape_dim(2, (2, 2))
     cy = corner_c[:, 1].permute((0, 2, 1))  # (n, f, a)
     nisa.scalar_tensor_tensor(dst=rows, data=cy.expand_dim(3).broadcast(3, 2), op0=nl.multiply,
                               operand0=ystride, op1=nl.add,
@@ -202,9 +186,14 @@ def sample_terms(cfg, tiles, n: int, f: int, want_gather: bool, want_gsl: bool) 
         nisa.tensor_scalar(dst=pbase, data=corner_c[:, 0, 0, :], op0=nl.minimum, operand0=pairmax)
         nisa.tensor_scalar(dst=tmp[:, 1, :], data=pbase, op0=nl.multiply, operand0=alpha, op1=nl.add,
                            operand1=rowbase)
-        pair_rows = tiles["pair_rows"][0:n, 0:f, :]
+        pair_rows = tiles.pair_rows[0:n, 0:f, :]
         nisa.scalar_tensor_tensor(dst=pair_rows, data=cy, op0=nl.multiply, operand0=ystride, op1=nl.add,
                                   operand1=_bc(tmp[:, 1, :], [(2, 2)]))
         # slot of corner b inside the pair (x_bc - pair base is 0 or 1)
-        nisa.tensor_tensor(dst=tiles["pair_sel"][0:n, 0:f, :], data1=corner_c[:, 0].permute((0, 2, 1)),
+        sel = tiles.pair_sel[0:n, 0:f, :]
+        nisa.tensor_tensor(dst=sel, data1=corner_c[:, 0].permute((0, 2, 1)),
                            data2=_bc(pbase, [(2, 2)]), op=nl.subtract)
+        # all-ones/zero masks of "corner b sits in pair slot 0 / 1" (exact bit selects)
+        masks = tiles.pair_masks[0:n, :, 0:f, :]
+        nisa.tensor_scalar(dst=masks[:, 0], data=sel, op0=nl.subtract, operand0=1.0)
+        nisa.tensor_scalar(dst=masks[:, 1], data=sel, op0=nl.multiply, operand0=-1.0)

@@ -39,6 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from nkilib_msda.experimental.kernel_commons import (
+    FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES)
+from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.validation import MSDAProblem
 
 __all__ = [
@@ -47,25 +50,22 @@ __all__ = [
     "MAX_Q_PACK", "PSUM_BANK_BYTES", "PSUM_BYTES", "TRANSPOSE_MAX_CHANNELS",
 ]
 
-PARTITIONS = 128
-FP32_EXACT_INT_MAX = 1 << 24
-# trn2: 224 KiB per partition, minus 16 KiB dynamic-DMA scratch and 8 B (nki-subset.md §1),
-# minus an 8 KiB fit reserve for compiler temporaries.
+# trn2: 224 KiB per partition, minus 16 KiB dynamic-DMA scratch and 8 B (docs/kernels.md,
+# "Buffers and SBUF budgets"), minus an 8 KiB fit reserve for compiler temporaries.
 TRN2_USABLE_SBUF = 224 * 1024 - 16 * 1024 - 8
 SBUF_FIT_RESERVE = 8 * 1024
 TRN2_SBUF_BUDGET = TRN2_USABLE_SBUF - SBUF_FIT_RESERVE
-PSUM_BANK_BYTES = 2048
-PSUM_BYTES = 16 * 1024
 TRANSPOSE_MAX_CHANNELS = 128      # indirect dma_transpose: src.shape[-1] <= 128
 DEFAULT_DMA_COLS = 32             # index columns per indirect dma_transpose (4096 indices)
 MAX_Q_PACK = 8
 PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce group
 # Coordinate-phase scratch, in 4-byte words per sample: locations (2), attention (1), NaN
-# mask / int cast (2), pixel coords (2), float floor (2), fraction (2), clamped corners (4),
-# corner factors (4).
-COORD_SCRATCH_WORDS = 19
+# mask (2), pixel coords (2), float floor (2), fraction (2), clamped corners (4), corner
+# validity (4), corner factors (4).
+COORD_SCRATCH_WORDS = 23
 TWO_BYTE_DTYPES = ("bfloat16", "float16")
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The value dtypes the forward accepts, with their sizes.
+DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in ("bfloat16", "float16", "float32")}
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,7 @@ class ForwardConfig:
             "padding_marks": (8 if self.gather_method == "transpose" else 0, 1),
             "indices": (4 * n * 4, self.tile_bufs),
             "weights": (4 * n * 4, self.tile_bufs),
+            "corner_bits": (4 * n * 4, self.tile_bufs),
             "accumulator": (self.slots(self.q_pack) * c * 4, self.tile_bufs),
             "product": (self.group_cols_max * c * 4, self.gather_bufs),
             "piece_sum": (c * 4 if self.group_cols_max < self.cols_per_slot else 0, 1),
@@ -199,6 +200,8 @@ class ForwardConfig:
         else:
             out["gathered_t"] = (len(self.channel_tiles) * self.dma_cols_per_instruction
                                  * PARTITIONS * self.value_bytes, self.gather_bufs)
+            out["transpose_indices"] = (self.stack * self.dma_cols_per_instruction * 4,
+                                        self.gather_bufs)
         return out
 
     @property

@@ -1,4 +1,6 @@
-"""NKI forward kernel of multi-scale deformable attention (beta-2 NKI, ``@nki.jit``).
+"""NKI forward kernel of multi-scale deformable attention (NKI 0.7+, ``@nki.jit``).
+
+See docs/kernels.md ("Forward", "Coordinate math", "LNC sharding and the barrier").
 
 Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
 
@@ -7,11 +9,15 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   (each parameter and the output cross HBM exactly once). LNC: core ``s`` takes queries
   ``[s * ceil(N_q / lnc), ...)``; cores share nothing but the output, so no barrier is
   needed (an LNC=2 kernel is specialized per physical core, and the two tile lists may
-  differ by one ragged tile).
-- **Coordinates** (``_sampling.py``): fp32 via DMA casts; NaN removed with a bit mask and its
-  weight zeroed; pixel coordinates clamped before the float->int cast; real floor; corner
-  indices clamped into the map with 0/1 validity factors (zeros) or clipped coordinates
-  (border). About 20 + 9 * N_l Vector/Scalar instructions per tile, independent of C_h.
+  differ by one ragged tile). The degree and core come from ``nl.num_programs()`` /
+  ``nl.program_id(0)`` (kernel_commons.core_info), so env-var LNC, bracket launch and LNC 1
+  all shard correctly.
+- **Coordinates** (``_sampling.py`` on the shared ``coordinates.py``): fp32 via DMA casts;
+  NaN removed with a bit mask; pixel coordinates clamped before the float->int cast; real
+  floor; corner indices clamped into the map with 0/1 validity factors. About 20 + 8 * N_l
+  Vector/Scalar instructions per tile, independent of C_h.
+- **Non-finite values**: every weighted product is ANDed with an int32 corner mask, so an
+  out-of-map corner adds exactly +0.0 even when its clamped pixel holds inf or NaN.
 - **Row indices, not element offsets.** ``vector_offset`` scales an index by the receiver's
   dim-0 stride, so gathers run on the 2-D ``(B * rows, C_h)`` view of ``value`` with the
   batch in the AP offset: exact while ``L * N_h < 2^24`` (checked up front) instead of
@@ -46,6 +52,8 @@ from typing import Any, Optional
 
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.deformable_attention import _sampling as smp
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, build_forward_config)
 from nkilib_msda.validation import MSDAProblem, dtype_name, validate_msda_args
@@ -86,7 +94,7 @@ class _Buffers:
         f32, i32 = nl.float32, nl.int32
         sb = nl.sbuf
         words = {"loc": 2 * n, "att": n, "mask": 2 * n, "xp": 2 * n, "floor": 2 * n,
-                 "frac": 2 * n, "corners": 4 * n, "factors": 4 * n}
+                 "frac": 2 * n, "corners": 4 * n, "valid": 4 * n, "factors": 4 * n}
         assert sum(words.values()) == COORD_SCRATCH_WORDS * n
         self.loc = nl.ndarray((PARTITIONS, words["loc"]), dtype=f32, buffer=sb, name="loc")
         self.att = nl.ndarray((PARTITIONS, n), dtype=f32, buffer=sb, name="att")
@@ -95,6 +103,7 @@ class _Buffers:
         self.floor = nl.ndarray((PARTITIONS, 2 * n), dtype=f32, buffer=sb, name="floor")
         self.frac = nl.ndarray((PARTITIONS, 2 * n), dtype=f32, buffer=sb, name="frac")
         self.corners = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="corners")
+        self.valid = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="valid")
         self.factors = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="factors")
         self.head_off = nl.ndarray((PARTITIONS, slots), dtype=f32, buffer=sb, name="head_off")
         self.head_ints = nl.ndarray((PARTITIONS, slots), dtype=i32, buffer=sb, name="head_ints")
@@ -102,6 +111,8 @@ class _Buffers:
                      for i in range(cfg.tile_bufs)]
         self.weights = [nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name=f"wts{i}")
                         for i in range(cfg.tile_bufs)]
+        self.bits = [nl.ndarray((PARTITIONS, 4 * n), dtype=i32, buffer=sb, name=f"bits{i}")
+                     for i in range(cfg.tile_bufs)]
         self.acc = [nl.ndarray((PARTITIONS, slots * c), dtype=f32, buffer=sb, name=f"acc{i}")
                     for i in range(cfg.tile_bufs)]
         group = cfg.group_cols_max
@@ -121,13 +132,17 @@ class _Buffers:
             self.psum = [nl.ndarray((PARTITIONS, cfg.psum_cols * c), dtype=value_dtype,
                                     buffer=nl.psum, name=f"untransposed{i}")
                          for i in range(cfg.psum_bufs)]
+            self.tidx = [nl.ndarray((PARTITIONS, cfg.stack * cfg.dma_cols_per_instruction),
+                                    dtype=nl.uint32, buffer=sb, name=f"tidx{i}")
+                         for i in range(cfg.gather_bufs)]
             self.pad = nl.ndarray((PARTITIONS, 1), dtype=f32, buffer=sb, name="pad")
             self.pad_ints = nl.ndarray((PARTITIONS, 1), dtype=i32, buffer=sb, name="pad_ints")
 
 
-def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, cfg: ForwardConfig,
+def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, bits: Any, cfg: ForwardConfig,
                       locations: Any, attention_weights: Any, b: int, tile: Any) -> None:
-    """Fill ``rows`` (uint32 row indices) and ``weights`` (fp32 a * m_c * w_c), (n, 4) each."""
+    """Fill ``rows`` (uint32 row indices), ``weights`` (fp32 a * m_c * w_c) and ``bits``
+    (int32 all ones for a valid corner), (n, 4) each."""
     p = cfg.problem
     slots = cfg.slots(tile.q_pack)
     n = cfg.samples(tile.q_pack)
@@ -135,16 +150,17 @@ def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, cfg: ForwardConfig
                                 tile.q_pack)
     smp.load_attention(buf.att, attention_weights, p, b, tile.q_start, tile.partitions,
                        tile.q_pack)
-    smp.sanitize_coordinates(buf.xp, coords, buf.mask, buf.att, n)
+    smp.sanitize_coordinates(buf.xp, coords, buf.mask, n)
     smp.to_pixel_coordinates(buf.xp, p, slots)
-    smp.floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.mask, 2 * n)
+    smp.floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.loc, 2 * n)  # loc: int scratch
     smp.clamp_corners(buf.corners, buf.floor, p, slots)
-    smp.corner_factors(buf.factors, buf.corners, buf.floor, buf.frac, p.padding_mode, n)
+    smp.corner_factors(buf.factors, buf.valid, buf.corners, buf.floor, buf.frac, buf.mask, n)
+    smp.corner_valid_bits(bits, buf.valid, n)
     smp.corner_rows(rows, buf.corners, buf.head_off, p, slots)
     smp.corner_weights(weights, buf.factors, buf.att, n)
 
 
-def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
+def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any, bits: Any,
                       cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
                       psum_counter: list, oob: Any) -> None:
     """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (transpose path).
@@ -152,18 +168,24 @@ def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: A
     Per DMA block [d0, d0 + dn) and channel tile: ``stack`` indirect transposes, transpose j
     gathering columns d0 + j, d0 + j + stack, ... into partitions [j * C_t, (j + 1) * C_t);
     then one PE transpose per ``stack`` consecutive columns into a PSUM block, and one
-    multiply by the broadcast corner weights per PSUM block. ``oob``: oob_mode.skip for
-    ragged tiles, whose padded rows hold 0xFFFFFFFF (see mark_padded_rows).
+    multiply by the broadcast corner weights per PSUM block, then the bitwise corner mask
+    (an invalid corner contributes +0.0 whatever its clamped pixel holds). ``oob``:
+    oob_mode.skip for ragged tiles, whose padded rows hold an out-of-range index (see
+    mark_padded_rows). Each transpose's indices are first copied into a contiguous
+    [128, m] uint32 tile (transpose_indices).
     """
     c = cfg.problem.head_dim
     stack = cfg.stack
+    width = cfg.dma_cols_per_instruction
+    tidx = buf.tidx[gbuf]
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
+        smp.transpose_indices(tidx, rows, d0, dn, stack, width)
         for t, (c0, c1) in enumerate(cfg.channel_tiles):
             ct = c1 - c0
             for j in range(min(stack, dn)):
                 m = (dn - j + stack - 1) // stack
                 src = value_rows.ap([[c, m * PARTITIONS], [1, ct]], offset=batch_offset + c0,
-                                    vector_offset=smp.tile_view(rows, [[stack, m]], offset=d0 + j))
+                                    vector_offset=smp.tile_view(tidx, [[1, m]], offset=j * width))
                 dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
                                     first_partition=j * ct)
                 nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
@@ -184,9 +206,10 @@ def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: A
                                data1=smp.tile_view(ps, [[c, kn], [1, c]]),
                                data2=smp.tile_view(weights, [[1, kn], [0, c]], offset=k0),
                                op=nl.multiply)
+            crd.mask_bits(dst, dst, smp.tile_view(bits, [[1, kn], [0, c]], offset=k0))
 
 
-def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
+def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any, bits: Any,
                  cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
                  parts: int) -> None:
     """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (copy path).
@@ -201,11 +224,14 @@ def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any,
                             vector_offset=smp.tile_view(rows, [[1, 1]], offset=k, parts=parts))
         nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c,
                                         parts=parts), src=src)
-    nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, grp.cols], [1, c]], parts=parts),
+    dst = smp.tile_view(prod, [[c, grp.cols], [1, c]], parts=parts)
+    nisa.tensor_tensor(dst=dst,
                        data1=smp.tile_view(gathered, [[c, grp.cols], [1, c]], parts=parts),
                        data2=smp.tile_view(weights, [[1, grp.cols], [0, c]], offset=grp.col0,
                                            parts=parts),
                        op=nl.multiply)
+    crd.mask_bits(dst, dst, smp.tile_view(bits, [[1, grp.cols], [0, c]], offset=grp.col0,
+                                          parts=parts))
 
 
 def _reduce_group(buf: _Buffers, prod: Any, acc: Any, cfg: ForwardConfig, grp: Any,
@@ -239,8 +265,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
     ``max_indices_per_indirect``: cap on indices per indirect DMA (>= 128; transpose path:
     ``cap // 128`` index columns per dma_transpose).
     """
-    lnc = nl.num_programs(0) if nl.program_ndim() > 0 else 1
-    core = nl.program_id(0) if nl.program_ndim() > 0 else 0
+    lnc, core = core_info()
     cfg = forward_config_for(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, value_layout, sampling_locations_layout,
                              align_corners, padding_mode, max_indices_per_indirect,
@@ -258,6 +283,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
         for per_channel_tile in buf.gathered_t:
             for gt in per_channel_tile:
                 nisa.memset(gt, 0.0)
+    oob_row = smp.padding_row(p.batch * rows_per_batch)
     psum_counter = [0]
     tile_index = 0
     for b in range(p.batch):
@@ -266,8 +292,9 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             slot = tile_index % cfg.tile_bufs
             tile_index += 1
             rows, weights, acc = buf.rows[slot], buf.weights[slot], buf.acc[slot]
-            _coordinate_phase(buf, rows, weights, cfg, sampling_locations, attention_weights,
-                              b, tile)
+            bits = buf.bits[slot]
+            _coordinate_phase(buf, rows, weights, bits, cfg, sampling_locations,
+                              attention_weights, b, tile)
             # One-column copies gather only the real partitions; the transpose path needs
             # 128-row index blocks, so a ragged tile marks its padded rows out of bounds and
             # its indirect transposes skip them.
@@ -275,16 +302,16 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             ragged = tile.partitions < PARTITIONS
             if transpose and ragged:
                 smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions,
-                                     4 * cfg.samples(tile.q_pack))
+                                     4 * cfg.samples(tile.q_pack), oob_row)
             oob = nisa.oob_mode.skip if ragged else nisa.oob_mode.error
             for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
                 gbuf = gi % cfg.gather_bufs
                 prod = buf.prod[gbuf]
                 if cfg.gather_method == "copy":
-                    _gather_copy(buf, gbuf, prod, rows, weights, cfg, value_rows, batch_offset,
-                                 grp, parts)
+                    _gather_copy(buf, gbuf, prod, rows, weights, bits, cfg, value_rows,
+                                 batch_offset, grp, parts)
                 else:
-                    _gather_transpose(buf, gbuf, prod, rows, weights, cfg, value_rows,
+                    _gather_transpose(buf, gbuf, prod, rows, weights, bits, cfg, value_rows,
                                       batch_offset, grp, psum_counter, oob)
                 _reduce_group(buf, prod, acc, cfg, grp, parts)
             smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)

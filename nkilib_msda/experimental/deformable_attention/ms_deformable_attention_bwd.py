@@ -1,4 +1,4 @@
-"""NKI backward kernel of multi-scale deformable attention (nkilib signature, api.md §1).
+"""NKI backward kernel of multi-scale deformable attention (nkilib signature; see docs/api.md and docs/kernels.md, "Backward").
 
 Design (details and the scatter-uniqueness proof in ``backward_config``):
 - One sample row (q, h, l) per partition, N_p points in the free dims; T blocks of whole
@@ -23,7 +23,12 @@ Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32,
 ``reduced_grad_value`` / ``prev_reduced_grad_value``: float32 with value's shape (the raw sum
 of the buffers, before subtracting ``prev_reduced_grad_value``).
 
-Code on the kernel path compares with ``== None`` / ``!= None``: NKI 0.3-0.6 rejects ``is``.
+Out-of-map corners (and NaN samples) are removed bitwise from the corner dot products, the pair
+selects and the scatter data, so inf/NaN at their clamped pixels never leaks (docs/kernels.md,
+"Coordinate math"). LNC degree and core: kernel_commons.core_info; one barrier per buffer set.
+
+Code on the kernel path compares with ``== None`` / ``!= None``: the emulator's pre-0.7 source
+rules (still enforced by the tests) reject ``is``.
 """
 
 from __future__ import annotations
@@ -31,17 +36,13 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
-from nkilib_msda.experimental.deformable_attention.backward_config import (
-    PARTITIONS, make_backward_config)
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
+from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier, core_info, usable_sbuf_bytes
 from nkilib_msda.validation import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
-
-
-def _program() -> tuple[int, int]:
-    if nl.program_ndim() == 0:
-        return 1, 0
-    return nl.num_programs(0), nl.program_id(0)
 
 
 def _check_tensor(name: str, t, shape, dtype: str) -> None:
@@ -86,7 +87,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                 iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
                                 dump_iota_k_scale=False, dump_grad_value_buffers=False,
                                 dump_reduced_grad_value=False):
-    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (api.md §1).
+    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (docs/api.md).
 
     Returns the enabled gradients (grad_value: value's shape/layout/dtype; grad_sampling_locations:
     the locations' shape/layout in float32; grad_attention_weights: (B, N_q, N_h, N_l, N_p) in
@@ -96,7 +97,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
                                  attention_weights, value_layout, sampling_locations_layout, align_corners,
                                  padding_mode, grad_output=grad_output, padding_modes=("zeros", "border"))
-    lnc, core = _program()
+    lnc, core = core_info()
     vdt = dtype_name(value.dtype)
     buffers_per_core = None
     if grad_value_buffers_in != None and len(grad_value_buffers_in.shape) == 4:  # noqa: E711
@@ -104,18 +105,24 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     cfg = make_backward_config(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
-        bool(compute_grad_attention_weights), nl.tile_size.total_available_sbuf_size, buffers_per_core)
+        bool(compute_grad_attention_weights), usable_sbuf_bytes(), buffers_per_core)
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
-    return _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights).run(
-        iota_k_scale_in, grad_value_buffers_in, prev_reduced_grad_value, dump_iota_k_scale,
-        dump_grad_value_buffers, dump_reduced_grad_value)
+    kernel = _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights,
+                             grad_value_buffers_in)
+    return kernel.run(iota_k_scale_in, grad_value_buffers_in, prev_reduced_grad_value,
+                      dump_iota_k_scale, dump_grad_value_buffers, dump_reduced_grad_value)
 
 
 class _BackwardKernel:
-    """Instruction emission for one program (logical core)."""
+    """Instruction emission for one program (logical core).
 
-    def __init__(self, cfg, core, value, grad_output, locations, attention):
+    All state (views of the inputs, outputs, on-chip tiles, HBM buffer sets) is created here
+    in ``__init__``; the methods only emit instructions (the DMA round-robin counter is the
+    one field they update).
+    """
+
+    def __init__(self, cfg, core, value, grad_output, locations, attention, buffers_in):
         self.cfg, self.core = cfg, core
         p = self.p = cfg.problem
         self.vdt = value.dtype
@@ -130,10 +137,6 @@ class _BackwardKernel:
         self.want_gsl = cfg.compute_grad_sampling_locations
         self.want_gaw = cfg.compute_grad_attention_weights
         self.dma_count = 0
-
-    # ------------------------------------------------------------------ setup
-    def _outputs(self):
-        cfg, p = self.cfg, self.p
         self.grad_value = self.gsl_out = self.gaw_out = None
         if cfg.compute_grad_value:
             self.grad_value = nl.ndarray(p.value_shape, dtype=self.vdt, buffer=nl.shared_hbm, name="grad_value")
@@ -143,42 +146,33 @@ class _BackwardKernel:
         if self.want_gaw:
             self.gaw_out = nl.ndarray(p.attention_weights_shape, dtype=self.vdt, buffer=nl.shared_hbm,
                                       name="grad_attention_weights")
-
-    def _alloc(self):
-        tiles = {}
-        for name, shape, dtype in self.cfg.sbuf_tiles:
-            tiles[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype), buffer=nl.sbuf, name=name)
-        self.t = tiles
-        if self.cfg.gather_method == "transpose" and self.cfg.needs_gather:
-            cmax = max(c for _, c in self.cfg.channel_chunks)
-            self.psum = nl.ndarray((PARTITIONS, self.cfg.psum_columns, cmax), dtype=self.vdt, buffer=nl.psum,
-                                   name="psum_transpose")
-
-    def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
-        cfg, p = self.cfg, self.p
-        self._outputs()
-        self._alloc()
-        t = self.t
-        smp.build_partition_constants(cfg, t)
-        if iota_in != None:  # noqa: E711
-            nisa.dma_copy(dst=t["kscale"], src=iota_in)
-            nisa.tensor_copy(dst=t["kscale_f"], src=t["kscale"])
-        else:
-            smp.build_kscale(cfg, t)
-        nisa.memset(dst=t["zeros"], value=0.0)
-        if "gidx" in t:
-            nisa.memset(dst=t["gidx"], value=0)
-
-        buffer_sets = []
+        self.t = allocate_tiles(cfg, self.vdt)
+        self.psum = self.t.psum
+        self.buffer_sets = []
         if cfg.compute_grad_value:
             rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
             if buffers_in != None:  # noqa: E711
-                buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
+                self.buffer_sets = [buffers_in.reshape((rows_total, p.head_dim))]
             else:
-                buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32, buffer=nl.shared_hbm,
-                                          name=f"grad_value_buffers_{s}") for s in range(cfg.scatter_sets)]
-                bufs.zero_own_buffers(cfg, buffer_sets, self.core, t["red"])
-        self.buffer_sets = buffer_sets
+                self.buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32,
+                                               buffer=nl.shared_hbm, name=f"grad_value_buffers_{s}")
+                                    for s in range(cfg.scatter_sets)]
+
+    def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
+        cfg, p = self.cfg, self.p
+        t = self.t
+        smp.build_partition_constants(cfg, t)
+        if iota_in != None:  # noqa: E711
+            nisa.dma_copy(dst=t.kscale, src=iota_in)
+            nisa.tensor_copy(dst=t.kscale_f, src=t.kscale)
+        else:
+            smp.build_kscale(cfg, t)
+        if t.gidx != None:  # noqa: E711
+            nisa.memset(dst=t.gidx, value=0)
+
+        buffer_sets = self.buffer_sets
+        if cfg.compute_grad_value and buffers_in == None:  # noqa: E711
+            bufs.zero_own_buffers(cfg, buffer_sets, self.core, t.red)
 
         for b in range(p.batch):
             for q0, blocks, parts in cfg.super_tiles(self.core):
@@ -190,12 +184,13 @@ class _BackwardKernel:
             reduced_out = nl.ndarray(p.value_shape, dtype=nl.float32, buffer=nl.shared_hbm,
                                      name="reduced_grad_value")
         if cfg.compute_grad_value:
-            if cfg.lnc > 1:
-                nisa.core_barrier(data=buffer_sets[0], cores=tuple(range(cfg.lnc)))
+            # Each core reads every core's buffers of every set below: one barrier per set.
+            for buffer_set in buffer_sets:
+                core_barrier(buffer_set, cfg.lnc)
             bufs.reduce_and_store(cfg, buffer_sets, self.core, t, self.grad_value, prev_reduced, reduced_out)
         if dump_iota:
             iota_out = nl.ndarray(cfg.iota_k_scale_shape, dtype=nl.int32, buffer=nl.shared_hbm, name="iota_k_scale")
-            nisa.dma_copy(dst=iota_out, src=t["kscale"])
+            nisa.dma_copy(dst=iota_out, src=t.kscale)
             results.append(iota_out)
         if dump_buffers:
             results.append(buffers_in if buffers_in != None else buffer_sets[0].reshape(cfg.buffer_shape))  # noqa: E711
@@ -210,19 +205,19 @@ class _BackwardKernel:
         row0 = (b * p.num_queries + q0) * cfg.groups
         rpb = cfg.partitions_per_block
         if p.sampling_locations_layout == "BQHLP2":
-            nisa.dma_copy(dst=t["loc"][0:n, 0:f, :], src=_rows_ap(self.loc2d, row0, n, blocks, rpb))
+            nisa.dma_copy(dst=t.loc[0:n, 0:f, :], src=_rows_ap(self.loc2d, row0, n, blocks, rpb))
         else:
             plane = p.num_queries * cfg.groups
             for c in range(2):
                 prow = (b * 2 + c) * plane + q0 * cfg.groups
-                nisa.dma_copy(dst=t["loc"][0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
-        nisa.dma_copy(dst=t["attn"][0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
+                nisa.dma_copy(dst=t.loc[0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
+        nisa.dma_copy(dst=t.attn[0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
         n_h, c_h, n_l = p.num_heads, p.head_dim, p.num_levels
         queries = n // cfg.groups
         grad_src = self.grad_flat.ap(
             [[n_h * c_h, queries], [c_h, n_h], [0, n_l], [cfg.queries_per_block * n_h * c_h, blocks], [1, c_h]],
             offset=(b * p.num_queries + q0) * n_h * c_h)
-        nisa.dma_copy(dst=t["grad"][0:n, 0:blocks, :], src=grad_src)
+        nisa.dma_copy(dst=t.grad[0:n, 0:blocks, :], src=grad_src)
 
         smp.sample_terms(cfg, t, n, f, cfg.needs_gather, self.want_gsl)
         if cfg.needs_gather:
@@ -238,14 +233,14 @@ class _BackwardKernel:
         cols = cfg.columns_per_block
         c_h = p.head_dim
         base = b * cfg.rows_per_batch * c_h
-        gathered = t["gathered"]
+        gathered = t.gathered
         if cfg.gather_method == "transpose":
-            gidx = t["gidx"]
+            gidx = t.gidx
             mg = cfg.gather_columns
             for g0 in range(0, cols, mg):
                 col0 = blk * cols + g0
                 for c0, c in cfg.channel_chunks:
-                    tr = t["transposed"][0:c, 0:mg * PARTITIONS]
+                    tr = t.transposed[0:c, 0:mg * PARTITIONS]
                     src = self.value2d.ap([[c_h, mg * PARTITIONS], [1, c]], offset=base + c0,
                                           vector_offset=gidx[0:PARTITIONS, col0:col0 + mg])
                     nisa.dma_transpose(dst=tr, src=src)
@@ -259,7 +254,7 @@ class _BackwardKernel:
             return
         step = float(p.num_heads if p.value_layout == "BLNC" else 1)
         if cfg.gather_pairs:
-            idx = t["gidx"]
+            idx = t.gidx
             for pc in range(cols // 2):  # pair column = (point, a)
                 col = blk * (cols // 2) + pc
                 for j0 in range(0, n, cfg.gather_partitions):
@@ -268,7 +263,7 @@ class _BackwardKernel:
                                           vector_offset=idx[j0:j1, col:col + 1])
                     nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, :], src=src)
             return
-        idx = t["gidx"]
+        idx = t.gidx
         for tc in range(cols):
             col = blk * cols + tc
             for j0 in range(0, n, cfg.gather_partitions):
@@ -282,53 +277,57 @@ class _BackwardKernel:
         f = blocks * p.num_points
         cols = cfg.columns_per_block
         if cfg.gather_pairs:
-            nisa.tensor_copy(dst=t["gidx"][0:n, 0:2 * f], src=t["pair_rows"][0:n, 0:f, :])
-            dots = t["prod4"]
+            nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
+            dots = t.prod4
         else:
-            nisa.tensor_copy(dst=t["gidx"][0:n, 0:4 * f], src=t["rows"][0:n, 0:f, :])
-            dots = t["dc"]
+            nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])
+            dots = t.dc
         for blk in range(blocks):
             self._gather_block(b, n, blk)
-            work = t["work"][0:n, :, :]
-            g = t["grad"][0:n, blk:blk + 1, :].broadcast(1, cols)
-            nisa.tensor_tensor(dst=work, data1=t["gathered"][0:n, :, :], data2=g, op=nl.multiply)
+            work = t.work[0:n, :, :]
+            g = t.grad[0:n, blk:blk + 1, :].broadcast(1, cols)
+            nisa.tensor_tensor(dst=work, data1=t.gathered[0:n, :, :], data2=g, op=nl.multiply)
             dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
             nisa.tensor_reduce(dst=dst, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
-        if cfg.gather_pairs:  # dc_ab = (1 - sel_b) * D_a0 + sel_b * D_a1
-            # Two exact products (sel is 0 or 1), not D_a0 + sel * (D_a1 - D_a0): the pair's
-            # other pixel need not be a corner, and a large value there would cancel D_a1.
-            d = t["prod4"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            dc = t["dc"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            other = t["pair_tmp"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            sel = t["pair_sel"][0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
-            nisa.scalar_tensor_tensor(dst=dc, data=sel, op0=nl.subtract, operand0=1.0, reverse0=True,
-                                      op1=nl.multiply, operand1=d[:, :, :, 0:1].broadcast(3, 2))
-            nisa.tensor_tensor(dst=other, data1=sel, data2=d[:, :, :, 1:2].broadcast(3, 2), op=nl.multiply)
-            nisa.tensor_tensor(dst=dc, data1=dc, data2=other, op=nl.add)
+        if cfg.gather_pairs:  # dc_ab = D_a,slot(b): a bitwise select of the pair slot of corner b
+            # (not (1 - sel) * D_a0 + sel * D_a1: the pair's other pixel need not be a corner,
+            # and 0 * inf there would be NaN; a large value there would also cancel D_a1)
+            d = t.prod4[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            dc = t.dc[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            other = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            masks = t.pair_masks[0:n, :, 0:f, :]
+            for slot, dst in ((0, dc), (1, other)):
+                crd.mask_bits(dst, d[:, :, :, slot:slot + 1].broadcast(3, 2),
+                              masks[:, slot].expand_dim(2).broadcast(2, 2))
+            nisa.tensor_tensor(dst=dc.view(nl.int32), data1=dc.view(nl.int32), data2=other.view(nl.int32),
+                               op=nl.bitwise_or)
+        # A corner outside the map read its clamped pixel: its dot product is exactly 0.
+        dc = t.dc[0:n, 0:f, :]
+        crd.mask_bits(dc, dc, t.vbits[0:n, 0:f, :])
 
     def _sample_gradients(self, b: int, row0: int, n: int, f: int, blocks: int) -> None:
         cfg, p, t = self.cfg, self.p, self.t
         rpb = cfg.partitions_per_block
-        dc = t["dc"][0:n, 0:f, :]
-        prod = t["prod4"][0:n, 0:f, :]
+        dc = t.dc[0:n, 0:f, :]
+        prod = t.prod4[0:n, 0:f, :]
         if self.want_gaw:
-            gaw = t["gaw"][0:n, 0:f]
-            nisa.tensor_tensor(dst=prod, data1=t["weights"][0:n, 0:f, :], data2=dc, op=nl.multiply)
+            gaw = t.gaw[0:n, 0:f]
+            nisa.tensor_tensor(dst=prod, data1=t.weights[0:n, 0:f, :], data2=dc, op=nl.multiply)
             nisa.tensor_reduce(dst=gaw, op=nl.add, data=prod, axis=2)
             out2d = self.gaw_out.reshape((p.batch * p.num_queries * cfg.groups, p.num_points))
             src = gaw
             if str(self.vdt) != str(nl.float32):
-                src = t["gaw_out"][0:n, 0:f]
+                src = t.gaw_out[0:n, 0:f]
                 nisa.tensor_copy(dst=src, src=gaw)
             nisa.dma_copy(dst=_rows_ap(out2d, row0, n, blocks, rpb), src=src)
         if self.want_gsl:
-            gsl = t["gsl"][0:n, 0:f, :]
-            tmp = t["xy_tmp"][0:n, :, 0:f]
-            for axis, name in ((0, "dwx"), (1, "dwy")):
-                nisa.tensor_tensor(dst=prod, data1=t[name][0:n, 0:f, :], data2=dc, op=nl.multiply)
+            gsl = t.gsl[0:n, 0:f, :]
+            tmp = t.xy_tmp[0:n, :, 0:f]
+            for axis, dw in ((0, t.dwx), (1, t.dwy)):
+                nisa.tensor_tensor(dst=prod, data1=dw[0:n, 0:f, :], data2=dc, op=nl.multiply)
                 nisa.tensor_reduce(dst=tmp[:, axis, :], op=nl.add, data=prod, axis=2)
                 nisa.tensor_tensor(dst=gsl[:, :, axis], data1=tmp[:, axis, :],
-                                   data2=t["scale_a"][0:n, axis, 0:f], op=nl.multiply)
+                                   data2=t.scale_a[0:n, axis, 0:f], op=nl.multiply)
             rows = p.batch * p.num_queries * cfg.groups
             if p.sampling_locations_layout == "BQHLP2":
                 out2d = self.gsl_out.reshape((rows, p.num_points * 2))
@@ -345,51 +344,67 @@ class _BackwardKernel:
     def _scatter(self, b: int, n: int, f: int, blocks: int) -> None:
         cfg, p, t = self.cfg, self.p, self.t
         cols = cfg.columns_per_block
-        coef = t["coef"][0:n, 0:f, :]
-        attn = t["attn"][0:n, 0:f]
-        nisa.tensor_tensor(dst=coef, data1=t["weights"][0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
+        coef = t.coef[0:n, 0:f, :]
+        attn = t.attn[0:n, 0:f]
+        nisa.tensor_tensor(dst=coef, data1=t.weights[0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
                            op=nl.multiply)
-        kscale = t["kscale_f"][0:n, 0:1]
-        sidx = t["sidx"]
+        kscale = t.kscale_f[0:n, 0:1]
+        sidx = t.sidx
         if cfg.scatter_pairs:
             # slot coefficients of the pair: S1 = sum_b sel_b*coef_ab, S0 = sum_b (1 - sel_b)*coef_ab
             # (not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
             c4 = coef.reshape_dim(2, (2, 2))
-            tmp = t["pair_tmp"][0:n, 0:f, :].reshape_dim(2, (2, 2))
-            sel = t["pair_sel"][0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
-            pc = t["pair_coef"][0:n, 0:f, :].reshape_dim(2, (2, 2))
+            tmp = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            sel = t.pair_sel[0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
+            pc = t.pair_coef[0:n, 0:f, :].reshape_dim(2, (2, 2))
             nisa.tensor_tensor(dst=tmp, data1=c4, data2=sel, op=nl.multiply)
             nisa.tensor_reduce(dst=pc[:, :, :, 1], op=nl.add, data=tmp, axis=3)
             nisa.scalar_tensor_tensor(dst=tmp, data=sel, op0=nl.subtract, operand0=1.0, reverse0=True,
                                       op1=nl.multiply, operand1=c4)
             nisa.tensor_reduce(dst=pc[:, :, :, 0], op=nl.add, data=tmp, axis=3)
-            coef = t["pair_coef"][0:n, 0:f, :]
-            nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t["pair_rows"][0:n, 0:f, :], op0=nl.add,
+            coef = t.pair_coef[0:n, 0:f, :]
+            # pair slot (a, s) is written by some valid corner: OR_b (in slot s)_b & valid_ab
+            vb = t.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            tmp_i = tmp.view(nl.int32)
+            pb = t.pair_bits[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            masks = t.pair_masks[0:n, :, 0:f, :]
+            for slot in range(2):
+                nisa.tensor_tensor(dst=tmp_i, data1=masks[:, slot].expand_dim(2).broadcast(2, 2), data2=vb,
+                                   op=nl.bitwise_and)
+                nisa.tensor_tensor(dst=pb[:, :, :, slot], data1=tmp_i[:, :, :, 0], data2=tmp_i[:, :, :, 1],
+                                   op=nl.bitwise_or)
+            bits = t.pair_bits[0:n, 0:f, :]
+            nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t.pair_rows[0:n, 0:f, :], op0=nl.add,
                                operand0=kscale)
         else:
-            nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t["rows"][0:n, 0:f, :], op0=nl.add, operand0=kscale)
+            nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t.rows[0:n, 0:f, :], op0=nl.add, operand0=kscale)
+            bits = t.vbits[0:n, 0:f, :]
         step = p.num_heads if p.value_layout == "BLNC" else 1
         for blk in range(blocks):
-            work = t["work"][0:n, :, :]
-            cb = coef[:, blk * p.num_points:(blk + 1) * p.num_points, :]
-            nisa.tensor_tensor(dst=work.reshape_dim(1, (p.num_points, 4)),
+            work = t.work[0:n, :, :]
+            points = slice(blk * p.num_points, (blk + 1) * p.num_points)
+            cb = coef[:, points, :]
+            work4 = work.reshape_dim(1, (p.num_points, 4))
+            nisa.tensor_tensor(dst=work4,
                                data1=cb.expand_dim(3).broadcast(3, p.head_dim),
-                               data2=t["grad"][0:n, blk:blk + 1, :].broadcast(1, p.num_points)
+                               data2=t.grad[0:n, blk:blk + 1, :].broadcast(1, p.num_points)
                                .expand_dim(2).broadcast(2, 4),
                                op=nl.multiply)
+            # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
+            crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, p.head_dim))
             if cfg.scatter_pairs:
                 for pcol in range(cols // 2):
                     col = blk * (cols // 2) + pcol
                     for j0 in range(0, n, cfg.scatter_partitions):
                         j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t["work"][j0:j1, 2 * pcol:2 * pcol + 2, :],
+                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t.work[j0:j1, 2 * pcol:2 * pcol + 2, :],
                                           j1 - j0, step)
             else:
                 for tc in range(cols):
                     col = blk * cols + tc
                     for j0 in range(0, n, cfg.scatter_partitions):
                         j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t["work"][j0:j1, tc, :], j1 - j0, 0)
+                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, :], j1 - j0, 0)
 
     def _scatter_one(self, b, index_col, data, parts, pair_step) -> None:
         buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]

@@ -1,0 +1,91 @@
+"""Typed set of the MSDA backward kernel's on-chip tiles, allocated in one place.
+
+:func:`allocate_tiles` creates every SBUF tile the plan lists (``BackwardConfig.sbuf_tiles``:
+name, free shape, dtype; the same list sizes the SBUF budget) plus the PSUM transpose block,
+and returns them as one :class:`BackwardTiles`. A tile the plan does not need for this call
+(pairs, gathers, scatters) is ``None``. Layouts: see ``backward_sampling`` and
+docs/kernels.md, "Backward".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from nkilib_msda._nki import nl
+from nkilib_msda.experimental.kernel_commons import PARTITIONS
+
+__all__ = ["BackwardTiles", "allocate_tiles"]
+
+
+@dataclass
+class BackwardTiles:
+    """Every tile of one backward program; dim 0 of each SBUF tile is the 128 partitions."""
+
+    # per-partition constants and the buffer offset of each partition
+    consts: Any                # (16,) fp32: per-level scales, bounds, row bases (C_* columns)
+    kscale: Any                # (1,) int32: k(j) * R
+    kscale_f: Any              # (1,) fp32 copy
+    # loaded parameters
+    loc: Any                   # (f, 2) fp32 (u, v)
+    attn: Any                  # (f,) fp32
+    grad: Any                  # (T, C_h) fp32 grad_output rows
+    # coordinate math (coordinates.py)
+    okmask: Any                # (2, f) int32: all ones where the coordinate is not NaN
+    xy: Any                    # (2, f) pixel coordinates
+    xy_int: Any                # (2, f) int32 cast scratch
+    xy_tmp: Any                # (2, f) scratch
+    frac: Any                  # (2, f)
+    scale_a: Any               # (2, f) a * d px / d u
+    corner: Any                # (2, 2, f) unclamped corners
+    corner_c: Any              # (2, 2, f) clamped corners
+    valid: Any                 # (2, 2, f) 1.0 where the corner is inside the map
+    fw: Any                    # (2, 2, f) masked 1-D weights
+    xterm: Any                 # (2, f) x part of the row index
+    rows: Any                  # (f, 4) row index per corner
+    weights: Any               # (f, 4) bilinear weight per corner
+    vbits: Any                 # (f, 4) int32 all ones for a valid corner
+    work: Any                  # (4 N_p, C_h) fp32 per-block products
+    red: Any                   # reduction tiles (fp32 / fp32 / value dtype)
+    red_prev: Any
+    red_out: Any
+    # gathers (None unless grad_sampling_locations or grad_attention_weights is wanted)
+    gidx: Any = None
+    dc: Any = None
+    dwx: Any = None
+    dwy: Any = None
+    prod4: Any = None
+    gathered: Any = None
+    gaw: Any = None
+    gaw_out: Any = None
+    gsl: Any = None
+    transposed: Any = None
+    psum: Any = None           # PSUM (psum_columns, C_max) in the value dtype
+    # scatter (None unless grad_value is wanted)
+    sidx: Any = None
+    coef: Any = None
+    # (x0, x1) pair mode
+    pair_rows: Any = None
+    pair_sel: Any = None
+    pair_masks: Any = None     # (2, f, 2) int32: corner b in pair slot 0 / 1
+    pair_tmp: Any = None
+    pair_coef: Any = None
+    pair_bits: Any = None      # (f, 4) int32: pair slot used by a valid corner
+
+
+_FIELDS = frozenset(f.name for f in fields(BackwardTiles))
+
+
+def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:
+    """Allocate the plan's tiles (and the PSUM block of the transpose gather)."""
+    made: dict[str, Any] = {}
+    for name, shape, dtype in cfg.sbuf_tiles:
+        if name not in _FIELDS:
+            raise ValueError(f"backward plan: tile {name!r} has no BackwardTiles field")
+        made[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype),
+                                buffer=nl.sbuf, name=name)
+    if cfg.gather_method == "transpose" and cfg.needs_gather:
+        cmax = max(c for _, c in cfg.channel_chunks)
+        made["psum"] = nl.ndarray((PARTITIONS, cfg.psum_columns, cmax), dtype=value_dtype,
+                                  buffer=nl.psum, name="psum_transpose")
+    return BackwardTiles(**made)
