@@ -146,6 +146,39 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
             assert tuple(ns["out"].shape) == (2, 5, 256) and bool(ns["out"].isfinite().all())
         checks.append(check_module)
 
+    if "kernelize(" in code:
+        transformers = pytest.importorskip("transformers")
+        kernels = pytest.importorskip("kernels")
+        import torch
+
+        from nkilib_msda.backends import reference_torch
+        from nkilib_msda.pytorch.hf_kernels import LAYER_NAME
+
+        model = transformers.DeformableDetrModel(_tiny_detr_config()).eval()
+        for cls in {type(m) for m in model.modules() if type(m).__name__ == LAYER_NAME}:
+            if not hasattr(cls, "kernel_layer_name"):
+                # transformers' hub decorator is a no-op with an unsupported `kernels` version:
+                # apply the same hook it would, and remove it again after the test
+                kernels.replace_kernel_forward_from_hub(cls, LAYER_NAME)
+                monkeypatch.setattr(cls, "kernel_layer_name", LAYER_NAME)
+                monkeypatch.setattr(cls, "kernel_condition", getattr(cls, "kernel_condition", None),
+                                    raising=False)
+        names["model"] = model
+
+        def check_kernelized(ns: dict[str, Any]) -> None:
+            calls = []
+            original = reference_torch.msda_forward
+
+            def counting(*args: Any, **kwargs: Any) -> Any:
+                calls.append(1)
+                return original(*args, **kwargs)
+
+            monkeypatch.setattr(reference_torch, "msda_forward", counting)
+            with torch.no_grad():
+                ns["model"].eval()(pixel_values=torch.randn(2, 3, 32, 32))
+            assert len(calls) == 3  # every hooked layer (1 encoder + 2 decoder) runs nkilib_msda
+        checks.append(check_kernelized)
+
     if "from_pretrained(" in code:
         transformers = pytest.importorskip("transformers")
         config = _tiny_detr_config()
