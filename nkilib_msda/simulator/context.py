@@ -179,6 +179,10 @@ def current() -> ExecutionContext:
     if ctx is None:
         raise NkiError("nki: no running kernel: NKI instructions and nl allocations can only "
                        "be used inside a kernel run by nki.jit / simulate(...)")
+    if ctx.shared.scheduler.aborted:
+        # Every instruction looks up its context, so an aborted run (the other program failed,
+        # or Ctrl-C) stops the running program at its next instruction.
+        raise OtherProgramAborted(f"program {ctx.program_id}: the run was aborted")
     return ctx
 
 

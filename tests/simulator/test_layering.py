@@ -10,6 +10,7 @@ package's own ``__init__`` is the top of the stack and is not counted as such an
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,12 @@ def _resolve(importer: str, node: ast.AST, modules: set[str]) -> list[tuple[str,
 
 def import_graph() -> dict[str, list[tuple[str, int]]]:
     """module -> [(imported module, line)], relative names ("" is the package)."""
+    return {name: list(edges) for name, edges in _parsed_import_graph().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_import_graph() -> dict[str, list[tuple[str, int]]]:
+    """import_graph's parse of the package sources, once per test session."""
     modules = _modules()
     names = set(modules)
     graph: dict[str, list[tuple[str, int]]] = {}
