@@ -41,8 +41,11 @@ BACKEND_NAMES = tuple(_MODULES)
 BLOCK_ATTN_RES_BACKENDS = ("reference", "nki")
 
 
-class BackendUnavailableError(RuntimeError):
-    """The requested backend cannot run in this environment (or for this problem)."""
+class BackendUnavailableError(ValueError, RuntimeError):
+    """The requested backend cannot run in this environment (or for this problem).
+
+    A ValueError, like every error a caller's arguments or environment can cause (docs/api.md);
+    also a RuntimeError, which it was before, so existing ``except RuntimeError`` keeps working."""
 
 
 # Imported backend modules. A plain dict lookup keeps `get_backend` traceable by torch.compile

@@ -171,3 +171,10 @@ def test_deterministic_argument_reaches_the_backend_backward(monkeypatch, compil
     value.grad = None
     fn(value, loc, attn).sum().backward()
     assert torch.equal(first, value.grad)
+
+
+def test_backend_unavailable_error_is_a_value_error():
+    # docs/api.md: every error a caller's arguments or environment can cause is a ValueError /
+    # TypeError (or a documented subclass)
+    assert issubclass(BackendUnavailableError, ValueError)
+    assert issubclass(BackendUnavailableError, RuntimeError)  # what it was before
