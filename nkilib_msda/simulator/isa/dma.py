@@ -369,14 +369,29 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
 
 # -- dma_copy ----------------------------------------------------------------------------------------
 @quiet_fp
-def dma_copy(dst: Any, src: Any, oob_mode: Any = _oob_mode.error, dge_mode: Any = _dge_mode.unknown,
-             engine: Any = _engine.unknown, name: str | None = None) -> None:
+def _check_priority(ins: str, priority: Any) -> None:
+    """DMA ``priority``: None or an int 0 (highest) .. 3 (lowest) (nki.lnc page, "priority")."""
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) \
+            or not 0 <= int(priority) <= 3:
+        raise nki_error(ins, "priority", f"priority must be None or an int 0..3, got {priority!r}")
+
+
+def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _oob_mode.error,
+             dge_mode: Any = _dge_mode.unknown, engine: Any = _engine.unknown,
+             name: str | None = None) -> None:
     """``dst = src`` (equal element counts, row-major pairing) between HBM and SBUF.
+
+    Parameter order as the NKI 0.8 API (``priority`` third); ``priority`` (DMA quality of service,
+    0 highest to 3 lowest, NeuronCore-v4) is checked and otherwise has no effect here: the
+    emulator models no timing.
 
     Gather: ``src=hbm.ap(..., vector_offset=idx)`` (row ``idx[p]`` -> partition p).
     Scatter: ``dst=hbm.ap(..., vector_offset=idx)``. Different dtypes cast via fp32.
     """
     ins = "dma_copy"
+    _check_priority(ins, priority)
     oob = _enum(ins, "oob_mode", oob_mode, _oob_mode)
     dge = _enum(ins, "dge_mode", dge_mode, _dge_mode)
     eng = _enum(ins, "engine", engine, _engine)
@@ -447,11 +462,13 @@ def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
 
 
 @quiet_fp
-def dma_transpose(dst: Any, src: Any, axes: Any = None, dge_mode: Any = _dge_mode.unknown,
-                  oob_mode: Any = _oob_mode.error, name: str | None = None) -> None:
-    """``dst = src.transpose(axes)`` for 2-byte dtypes into SBUF; ``src`` may be an indirect
-    HBM access (uint32 indices consumed column-major)."""
+def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = None,
+                  dge_mode: Any = _dge_mode.unknown, oob_mode: Any = _oob_mode.error,
+                  name: str | None = None) -> None:
+    """``dst = src.transpose(axes)`` into SBUF; ``src`` may be an indirect HBM access (uint32
+    indices consumed column-major). ``priority`` as in :func:`dma_copy`."""
     ins = "dma_transpose"
+    _check_priority(ins, priority)
     oob = _enum(ins, "oob_mode", oob_mode, _oob_mode)
     dge = _enum(ins, "dge_mode", dge_mode, _dge_mode)
     _check_operand(ins, "dst", dst)

@@ -529,11 +529,16 @@ _REDUCE_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": 
 @quiet_fp
 def tensor_scalar_reduce(dst: Any, data: Any, op0: Any, operand0: Any, reduce_op: Any,
                          reduce_res: Any = None, reverse0: bool = False, reduce_cmd: Any = None,
-                         reduce_init: Any = None, name: str | None = None) -> None:
+                         reduce_init: Any = None, reduce_res_negate: bool = False,
+                         name: str | None = None) -> None:
     """Vector ``dst = data op0 operand0`` plus a free-axis reduction of ``dst``'s fp32 values
     into the Vector accumulator registers (``reduce_cmd``: reset_reduce (default), reduce,
-    load_reduce with ``reduce_init``), read out into ``reduce_res`` (P, 1)."""
+    load_reduce with ``reduce_init``), read out into ``reduce_res`` (P, 1).
+    ``reduce_res_negate=True`` is not modelled (its semantics are not documented in detail)."""
     instr = "tensor_scalar_reduce"
+    if reduce_res_negate:
+        raise nki_error(instr, "not modelled",
+                        "reduce_res_negate=True is not modelled by this emulator")
     op0 = resolve_alu(op0, instr)
     if op0.alu_kind == BITVEC:
         raise nki_error(instr, "arithmetic ops only", f"op0={op0!r} is a bitvec op")

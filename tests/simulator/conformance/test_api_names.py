@@ -212,3 +212,31 @@ def test_deprecated_isa_sync_names_warn():
             return a
 
         simulate(new_style)(np.ones((1, 1), np.float32))
+
+
+def test_dma_signatures_follow_the_nki_0_8_parameter_order():
+    # NKI 0.8 API stubs: dma_copy(dst, src, priority, oob_mode, dge_mode, engine, name) and
+    # dma_transpose(dst, src, axes, priority, dge_mode, oob_mode, name); a positional call must
+    # bind the same way as on the real API.
+    import inspect
+
+    assert list(inspect.signature(nisa.dma_copy).parameters)[:4] == ["dst", "src", "priority",
+                                                                      "oob_mode"]
+    assert list(inspect.signature(nisa.dma_transpose).parameters)[:5] == [
+        "dst", "src", "axes", "priority", "dge_mode"]
+    assert "reduce_res_negate" in inspect.signature(nisa.tensor_scalar_reduce).parameters
+
+
+def test_dma_priority_is_checked():
+    @nki.jit
+    def k(a, priority):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(t, a, priority)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(k)(x, 2), x)
+    with pytest.raises(NkiError, match="priority"):
+        simulate(k)(x, 7)
