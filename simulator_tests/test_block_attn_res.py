@@ -23,7 +23,7 @@ from nkilib_msda.simulator import simulate as _simulate
 
 
 def simulate(kernel, **kwargs):
-    """The emulator with every NKI 0.5/0.6 source rule enforced (the `is` operator included)."""
+    """The emulator with its default source rules (strict mode from simulator_tests/conftest.py)."""
     return _simulate(kernel, **kwargs)
 
 
