@@ -8,7 +8,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from nkilib_msda.simulator import NkiError, nki, simulate
+from nkilib_msda.simulator import NkiError, nisa, nki, nl, simulate
 
 
 def in_kernel(body: Callable[..., Any], *arrays: np.ndarray, **sim_kwargs: Any) -> Any:
@@ -23,3 +23,17 @@ def in_kernel(body: Callable[..., Any], *arrays: np.ndarray, **sim_kwargs: Any) 
 def raises_rule(instruction: str, rule: str):
     """``pytest.raises(NkiError)`` whose message starts with ``instruction: rule``."""
     return pytest.raises(NkiError, match=rf"^{re.escape(instruction)}: {re.escape(rule)}")
+
+
+def load(h: Any, dtype: Any = None, shape: Any = None) -> Any:
+    """An SBUF copy of HBM tensor ``h`` (dma_copy; optional dtype cast / reshape)."""
+    t = nl.ndarray(shape or h.shape, dtype or h.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=h)
+    return t
+
+
+def store(t: Any) -> Any:
+    """A shared-HBM copy of tile ``t`` (dma_copy), for a kernel to return."""
+    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=o, src=t)
+    return o

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from _core_helpers import in_kernel, raises_rule
-from nkilib_msda.simulator import NkiError, NkiWarning, access, nisa, nki, nl, simulate
+from nkilib_msda.simulator import NkiError, access, nisa, nki, nl, simulate
 
 RNG = np.random.default_rng(77)
 

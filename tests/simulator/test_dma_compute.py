@@ -7,21 +7,12 @@ import pytest
 from nkilib_msda.simulator import nisa, nl
 
 from _core_helpers import in_kernel, raises_rule
+from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(99)
 BF16 = ml_dtypes.bfloat16
 
 
-def _load(h, dtype=None):
-    t = nl.ndarray(h.shape, dtype or h.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=h)
-    return t
-
-
-def _store(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 @pytest.mark.parametrize("n", [1, 3, 16])

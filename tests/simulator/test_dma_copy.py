@@ -7,20 +7,11 @@ import pytest
 from nkilib_msda.simulator import access, nisa, nl
 
 from _core_helpers import in_kernel, raises_rule
+from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(1234)
 
 
-def _load(h, dtype=None, shape=None):
-    t = nl.ndarray(shape or h.shape, dtype or h.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=h)
-    return t
-
-
-def _store(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def test_direct_copy_casts_via_fp32_with_nki_rules():

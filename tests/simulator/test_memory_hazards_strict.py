@@ -18,20 +18,11 @@ from nkilib_msda.simulator.errors import NkiHazardWarning, nki_error
 from nkilib_msda.simulator.jit import STRICT_ENV
 
 from _core_helpers import in_kernel, raises_rule
+from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(2026)
 
 
-def _load(h, dtype=None):
-    t = nl.ndarray(h.shape, dtype or h.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=h)
-    return t
-
-
-def _store(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def _hazards(caught, rule):
