@@ -537,9 +537,10 @@ def _index(t: NkiTensor, key: Any, what: str = "tensor indexing") -> NkiTensor:
                 start += n
             if stop < 0:
                 stop += n
-            if not (0 <= start < stop <= n):
+            if not (0 <= start <= stop <= n):
                 # Python would clamp; NKI kernels bound slices explicitly (min()), so an
-                # out-of-range or empty slice is a kernel bug here.
+                # out-of-range slice is a kernel bug here. An empty slice (start == stop) is a
+                # legal, zero-size view: nki-library builds them for a core whose shard is empty.
                 raise nki_error(what, "slice out of range",
                                 f"{start}:{stop} on dim {d} of size {n} (shape {t.shape})")
             shape.append(-(-(stop - start) // step))

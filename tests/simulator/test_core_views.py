@@ -48,7 +48,7 @@ def test_indexed_views_read_the_right_elements():
 
 @pytest.mark.parametrize("key, rule", [
     ((slice(0, 200),), "slice out of range"),
-    ((slice(5, 5),), "slice out of range"),
+    ((slice(6, 5),), "slice out of range"),
     ((slice(0, 4, 0),), "slice step"),
     ((slice(0, 4, 2),), "partition step"),
     ((128,), "index out of range"),
@@ -61,6 +61,15 @@ def test_bad_indices_raise(key, rule):
         with raises_rule("tensor indexing", rule):
             t[key]
     in_kernel(body, np.zeros(1, np.float32))
+
+
+def test_empty_slice_is_a_zero_size_view():
+    # nki-library slices a core's (possibly empty) shard as t[start:start + n] with n = 0
+    def body(a):
+        t = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf)
+        assert t[5:5].shape == (0, 8) and t[:, 3:3].shape == (128, 0)
+        assert a[2:2].shape[0] == 0
+    in_kernel(body, np.ones((4, 4), np.float32))
 
 
 def test_view_methods_shapes_strides_and_values():
