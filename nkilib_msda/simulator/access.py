@@ -7,6 +7,16 @@ hold NaN / the integer fill pattern and such reads simply return it
 (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/nki_simulator.html).
 In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_SIM_STRICT=1``) the read
 raises NkiError "uninitialized read".
+
+Cross-core races (LNC 2): every read and write of a ``shared_hbm`` storage (inputs, outputs,
+``nl.shared_hbm`` allocations) is recorded per program and per barrier phase (the number of
+``nki.lnc.core_barrier`` calls the program has passed). An access by one program to an element
+the other program wrote in the same phase (read-after-write, write-after-write), or a write to
+an element the other program read in the same phase (write-after-read), is unordered on
+hardware (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.lnc.core_barrier.html):
+``NkiHazardWarning`` "cross-core race" (strict mode: NkiError). The emulator runs the programs
+one after the other, so without the check such a kernel silently reads the earlier program's
+data. Nothing is tracked at LNC 1.
 """
 
 from __future__ import annotations
@@ -18,13 +28,14 @@ import numpy as np
 from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import cast_values
 from nkilib_msda.simulator.errors import hazard, nki_error
+from nkilib_msda.simulator.memory import RaceFlags
 from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, IndirectAccess,
                                           NkiTensor, Storage)
 
 __all__ = ["read", "read_f32", "write", "store", "store_masked", "read_raw", "write_raw", "partition_info",
            "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
            "require_tensor", "mark_initialised", "check_initialised", "may_overlap",
-           "buffer_kind", "strict_mode", "report_hazard"]
+           "buffer_kind", "strict_mode", "report_hazard", "note_access"]
 
 _MASK_VIEW = {1: (np.uint8, 0x01), 2: (np.uint16, 0x0101), 4: (np.uint32, 0x01010101),
               8: (np.uint64, 0x0101010101010101)}
@@ -84,11 +95,113 @@ def mark_initialised(storage: Storage, addr: Any, itemsize: int) -> None:
         storage.fully_initialised = True  # later checks on this storage are free
 
 
+def _race_flags(storage: Storage) -> tuple[RaceFlags, Any] | None:
+    """(the storage's race flags, the context) when cross-core races are tracked for it."""
+    if storage.buffer != "shared_hbm":
+        return None
+    ctx = current_or_none()
+    if ctx is None or not ctx.shared.race_tracking:
+        return None
+    flags = storage.race
+    if flags is None:  # only one program runs at a time: no lock needed
+        flags = storage.race = RaceFlags(storage.data.size, ctx.num_programs)
+    flags.enter_phase(ctx.barrier_phase)
+    return flags, ctx
+
+
+def _select(buf: np.ndarray, itemsize: int, addr: Any, view: NkiTensor | None,
+            mask: np.ndarray | None) -> np.ndarray:
+    """The accessed elements of a byte mask ``buf``: ``addr`` (int array / slice) or the
+    strided ``view`` (optionally only where ``mask`` is set), seen with ``itemsize``."""
+    mask_dtype = _MASK_VIEW[itemsize][0]
+    if view is None:
+        return buf.view(mask_dtype)[addr]
+    selected = view.np_view(buf, mask_dtype, itemsize)
+    return selected if mask is None else selected[mask]
+
+
+def _mark(buf: np.ndarray, itemsize: int, addr: Any, view: NkiTensor | None,
+          mask: np.ndarray | None) -> None:
+    mask_dtype, full = _MASK_VIEW[itemsize]
+    if view is None:
+        buf.view(mask_dtype)[addr] = full
+    elif mask is None:
+        view.np_view(buf, mask_dtype, itemsize)[...] = full
+    else:
+        view.np_view(buf, mask_dtype, itemsize)[mask] = full
+
+
+def _changed(storage: Storage, itemsize: int, addr: Any, view: NkiTensor | None,
+             mask: np.ndarray | None, values: Any) -> np.ndarray | bool:
+    """Which written elements change their bytes (``values``: the new values, in access
+    order); True when unknown."""
+    if values is None:
+        return True
+    mask_dtype = _MASK_VIEW[itemsize][0]
+    old = _select(storage.data, itemsize, addr, view, mask)
+    new = np.asarray(values)
+    if new.dtype.itemsize != itemsize or new.size not in (1, old.size):
+        return True
+    new = np.ascontiguousarray(new).view(mask_dtype)
+    return old != (new.reshape(old.shape) if new.size == old.size else new.reshape(()))
+
+
+def note_access(storage: Storage, itemsize: int, instruction: str, is_write: bool,
+                addr: Any = None, view: NkiTensor | None = None,
+                mask: np.ndarray | None = None, what: str = "", values: Any = None) -> None:
+    """Record a shared-HBM access of the running LNC 2 program and report a cross-core race
+    with the other program's accesses of the same barrier phase (see the module docstring).
+    Call before a write lands; ``values`` (the new values) lets a write that leaves the bytes
+    unchanged pass (no ordering of it can be observed)."""
+    tracked = _race_flags(storage)
+    if tracked is None:
+        return
+    flags, ctx = tracked
+    me = ctx.program_id
+    changed: Any = None  # computed once, only when a write conflicts
+    for other in range(len(flags.read)):
+        if other == me:
+            continue
+        conflicts = []
+        found = [(flags.write[other], "wrote", "write-after-write" if is_write
+                  else "read-after-write")] if flags.any_write[other] else []
+        if is_write and flags.any_read[other]:
+            found.append((flags.read[other], "read", "write-after-read"))
+        for buf, verb, kind in found:
+            hit = _select(buf, itemsize, addr, view, mask) != 0
+            if is_write and hit.any():
+                if changed is None:
+                    changed = _changed(storage, itemsize, addr, view, mask, values)
+                hit &= changed  # a write that keeps every byte cannot be observed
+            n = int(np.count_nonzero(hit))
+            if n:
+                conflicts.append((n, verb, kind))
+        for n, verb, kind in conflicts:
+            if kind in flags.reported and not ctx.options.strict:
+                continue
+            flags.reported.add(kind)
+            name = what or storage.name or "an unnamed tensor"
+            hazard(instruction, "cross-core race",
+                   f"program {me} {'writes' if is_write else 'reads'} {n} elements of {name} "
+                   f"(shared_hbm) that program {other} {verb} in the same barrier phase "
+                   f"{flags.phase} ({kind}); the cores run concurrently, so the order is "
+                   "undefined without nki.lnc.core_barrier between the accesses",
+                   strict=ctx.options.strict, stacklevel=5)
+    if is_write:
+        _mark(flags.write[me], itemsize, addr, view, mask)
+        flags.any_write[me] = True
+    else:
+        _mark(flags.read[me], itemsize, addr, view, mask)
+        flags.any_read[me] = True
+
+
 def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
              what: str = "") -> np.ndarray:
     """Values (a new array) at element addresses ``addr`` (int array or slice) of
     ``storage`` seen as ``dtype``; raises on uninitialised elements."""
     check_initialised(storage, addr, dtype.itemsize, instruction, what)
+    if storage.buffer == "shared_hbm":
+        note_access(storage, dtype.itemsize, instruction, False, addr=addr, what=what)
     values = storage.data.view(dtype.np)[addr]
     return values.copy() if isinstance(addr, slice) else values
 
@@ -106,6 +219,8 @@ def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any,
     """Store ``values`` (already cast) at ``addr``; marks them initialised."""
     if storage.read_only is not None:
         check_writable(storage, instruction)
+    if storage.buffer == "shared_hbm":
+        note_access(storage, dtype.itemsize, instruction, True, addr=addr, values=values)
     storage.data.view(dtype.np)[addr] = values
     mark_initialised(storage, addr, dtype.itemsize)
 
@@ -124,6 +239,8 @@ def read(t: Any, instruction: str) -> np.ndarray:
         flags = t.np_view(storage.init, mask_dtype, itemsize)
         if flags.size and flags.min() != full:
             _raise_uninitialised(storage, flags, full, instruction, t.name)
+    if storage.buffer == "shared_hbm":
+        note_access(storage, itemsize, instruction, False, view=t, what=t.name)
     return t.np_view(storage.data, t.dtype.np, itemsize).copy()
 
 
@@ -155,6 +272,9 @@ def store(t: NkiTensor, values: np.ndarray, instruction: str) -> None:
     # Strided destinations are written through NumPy strides (no address arrays).
     storage = t.storage
     itemsize = t.dtype.itemsize
+    if storage.buffer == "shared_hbm":
+        note_access(storage, itemsize, instruction, True, view=t, what=t.name,
+                    values=values.reshape(t.shape))
     t.np_view(storage.data, t.dtype.np, itemsize)[...] = values.reshape(t.shape)
     storage.written = True
     if not storage.fully_initialised:
@@ -169,6 +289,9 @@ def store_masked(t: NkiTensor, values: np.ndarray, mask: np.ndarray, instruction
     check_writable(storage, instruction)
     _check_no_double_write(t, instruction)
     itemsize = t.dtype.itemsize
+    if storage.buffer == "shared_hbm":
+        note_access(storage, itemsize, instruction, True, view=t, mask=mask, what=t.name,
+                    values=values)
     t.np_view(storage.data, t.dtype.np, itemsize)[mask] = values
     storage.written = True
     if not storage.fully_initialised:

@@ -131,6 +131,9 @@ class SharedState:
     shared_allocations: list[Any] = field(default_factory=list)
     # nki.lnc.sendrecv mailboxes: (sequence number, sending program) -> values
     mailbox: dict[Any, Any] = field(default_factory=dict)
+    # Cross-core race detection on shared HBM (access.py): on while the programs of an LNC 2
+    # run execute; off at LNC 1 and for the runner's own reads of the outputs afterwards.
+    race_tracking: bool = False
 
 
 class ExecutionContext:
@@ -154,6 +157,7 @@ class ExecutionContext:
         self.report.target = shared.target.name
         self.memory = MemoryTracker(shared.target, self.report, strict=shared.options.strict)
         self.shared_allocation_count = 0
+        self.barrier_phase = 0  # core_barriers this program has passed (cross-core race phases)
 
     def shared_allocation(self, make: Callable[[], Any], check: Callable[[Any], None]) -> Any:
         """The k-th shared_hbm allocation of every program resolves to one storage."""

@@ -317,7 +317,11 @@ class _Runner:
         if self.lnc == 1:
             run_program(0)
         else:
-            _run_threads(run_program, self.lnc, shared.scheduler)
+            shared.race_tracking = True
+            try:
+                _run_threads(run_program, self.lnc, shared.scheduler)
+            finally:
+                shared.race_tracking = False  # reading the outputs back is not an access
         first_error = next((e for e in errors if e is not None and not _is_abort(e)), None)
         first_error = first_error or next((e for e in errors if e is not None), None)
         if first_error is not None:

@@ -19,7 +19,7 @@ from nkilib_msda.simulator.errors import hazard, nki_error
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.targets import Target
 
-__all__ = ["Storage", "MemoryTracker", "ON_CHIP", "HBM_BUFFERS", "BUFFERS"]
+__all__ = ["Storage", "MemoryTracker", "RaceFlags", "ON_CHIP", "HBM_BUFFERS", "BUFFERS"]
 
 ON_CHIP = frozenset({"sbuf", "psum"})
 HBM_BUFFERS = frozenset({"private_hbm", "shared_hbm"})
@@ -46,6 +46,7 @@ class Storage:
         self.fully_initialised = False  # every byte written: initialisation checks can be skipped
         self.aux: dict[str, Any] = {}  # per-instruction-family bookkeeping (e.g. matmul flags)
         self.read_only: str | None = None  # why writes are rejected (a loop induction register)
+        self.race: RaceFlags | None = None  # LNC 2 shared_hbm only: cross-core race bookkeeping
 
     @property
     def is_on_chip(self) -> bool:
@@ -73,6 +74,36 @@ class Storage:
                     f"{self.bytes_per_partition} B, {self.name!r})")
         return f"Storage({self.buffer}, {self.nbytes} B, {self.name!r})"
 
+
+class RaceFlags:
+    """Byte-wise accesses to one shared storage in the current barrier phase, per program.
+
+    ``read[p]`` / ``write[p]`` mark the bytes program ``p`` read / wrote since the last
+    ``core_barrier`` (phase ``phase``); a new phase clears them (accesses in different phases
+    are ordered by the barrier). ``any_read`` / ``any_write`` let checks skip a program that
+    did not touch the storage in this phase; ``reported`` limits warnings to one per kind of
+    race and phase."""
+
+    def __init__(self, padded: int, programs: int) -> None:
+        self.phase = 0
+        self.read = [np.zeros(padded, dtype=np.uint8) for _ in range(programs)]
+        self.write = [np.zeros(padded, dtype=np.uint8) for _ in range(programs)]
+        self.any_read = [False] * programs
+        self.any_write = [False] * programs
+        self.reported: set[str] = set()
+
+    def enter_phase(self, phase: int) -> None:
+        if phase == self.phase:
+            return
+        self.phase = phase
+        for p in range(len(self.read)):
+            if self.any_read[p]:
+                self.read[p][...] = 0
+            if self.any_write[p]:
+                self.write[p][...] = 0
+        self.any_read = [False] * len(self.read)
+        self.any_write = [False] * len(self.write)
+        self.reported = set()
 
 
 class MemoryTracker:

@@ -531,7 +531,7 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = N
         keep = np.transpose(s.valid, axes_t).reshape(-1)
         src_addr, d_addr = src_addr[keep], d.index(keep)
     values = read_raw(s.storage, src_addr, s.dtype, ins, src.name)
-    write_raw(d.storage, d_addr, values, d.dtype)
+    write_raw(d.storage, d_addr, values, d.dtype, ins)
     _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size))
 
 
@@ -572,16 +572,16 @@ def _scatter_add(ins: str, d: _Operand, d_addr: Any, add: np.ndarray, old_factor
     sequentially (accepted duplicates: see _check_destination_unique)."""
     if isinstance(d_addr, slice) or np.unique(d_addr).size == d_addr.size:
         old = read_raw(d.storage, d_addr, d.dtype, ins, name).astype(np.float32)
-        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype)
+        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype, ins)
         return
     if current().options.duplicate_scatter == "last_writer_wins":  # emulate the race
         old = read_raw(d.storage, d_addr, d.dtype, ins, name).astype(np.float32)
-        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype)
+        write_raw(d.storage, d_addr, cast_values(old * old_factor + add, d.dtype), d.dtype, ins)
         return
     uniq, inverse = np.unique(d_addr, return_inverse=True)
     acc = read_raw(d.storage, uniq, d.dtype, ins, name).astype(np.float32) * old_factor
     np.add.at(acc, inverse.reshape(-1), add.reshape(-1))
-    write_raw(d.storage, uniq, cast_values(acc, d.dtype), d.dtype)
+    write_raw(d.storage, uniq, cast_values(acc, d.dtype), d.dtype, ins)
 
 
 @quiet_fp
@@ -648,7 +648,7 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
         old = read_raw(d.storage, d_addr, d.dtype, ins, dst.name).astype(np.float32)
         add = read_raw(g.storage, g_addr, g.dtype, ins, srcs[0].name).astype(np.float32)
         summed = add * factors[0] + old * factors[1]
-        write_raw(d.storage, d_addr, cast_values(summed, d.dtype), d.dtype)
+        write_raw(d.storage, d_addr, cast_values(summed, d.dtype), d.dtype, ins)
         _account(ins, "indirect_rmw", [g, d], d, int(old.size), "hbm_to_sbuf")
         return
     resolved = [_resolve(ins, s, oob) for s in srcs]
@@ -662,5 +662,5 @@ def dma_compute(dst: Any, srcs: Any, reduce_op: Any, scales: Any = None,
         values = values * factor if factor != 1.0 else values
         total = values if total is None else total + values
     total = cast(np.ndarray, total)  # srcs is non-empty
-    write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype)
+    write_raw(d.storage, d_addr, cast_values(total, d.dtype), d.dtype, ins)
     _account(ins, "compute", resolved, d, int(total.size))

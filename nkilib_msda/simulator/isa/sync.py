@@ -55,6 +55,7 @@ def lnc_core_barrier(data: Any, cores: Any, engine: Any = _engine.gpsimd,
     ctx.report.add_instruction("sync", "core_barrier", 0)
     if ctx.num_programs > 1:
         ctx.shared.scheduler.barrier(ctx.program_id, ins)
+        ctx.barrier_phase += 1  # orders this program's shared-HBM accesses (access.py races)
 
 
 def _check_rank(ins: str, argument: str, value: Any) -> int:
