@@ -114,13 +114,14 @@ class MemoryTracker:
     offset) occupy that byte range: tiles placed at the same range are one allocation, and
     the placed bytes counted are the union of the live placed ranges (the allocator reuses
     addresses; R09). Two live placed tiles whose ranges overlap without being the same
-    allocation are reported as an ``NkiHazardWarning`` "overlapping placement" (strict mode:
-    NkiError): a tile's Python lifetime can outlast its use, so the emulator cannot prove the
+    allocation are reported (once per program) as an ``NkiHazardWarning`` "overlapping
+    placement" (strict mode: NkiError): a tile's Python lifetime can outlast its use, so the emulator cannot prove the
     overlap is a bug. Placed tiles do not share data in the emulator.
     """
 
     def __init__(self, target: Target, report: CostReport, strict: bool = False) -> None:
         self.target = target
+        self._overlap_reported = False
         self.report = report
         self.strict = strict
         self.live = {"sbuf": 0, "psum": 0}
@@ -163,12 +164,16 @@ class MemoryTracker:
                                  _union_bytes(list(placed) + [key]), bytes_per_partition)
             placed[key] = placed.get(key, 0) + 1
             self._update(buffer)
-        if overlap is not None:
+        if overlap is not None and not self._overlap_reported:
+            # Once per program: allocators such as nki-library's SbufManager reuse addresses
+            # thousands of times per kernel while old Python handles are still alive.
+            self._overlap_reported = True
             hazard(instruction, "overlapping placement",
                    f"{buffer} tile at address (partition {p0}, byte {start}), {partitions} "
                    f"partitions x {bytes_per_partition} B, overlaps the live tile at (partition "
                    f"{overlap[0]}, byte {overlap[2]}), {overlap[1]} partitions x {overlap[3]} B "
-                   "without being the same allocation", strict=self.strict, stacklevel=4)
+                   "without being the same allocation (reported once per program)",
+                   strict=self.strict, stacklevel=4)
         weakref.finalize(owner, self._release_placed, buffer, key)
 
     def _allocate_auto(self, owner: object, buffer: str, nbytes: int, instruction: str) -> None:

@@ -272,6 +272,22 @@ def test_overlapping_live_placements_are_a_hazard():
         in_kernel(body, np.zeros((1, 1), np.float32), strict=True)
 
 
+def test_overlapping_placements_are_reported_once_per_program():
+    # an address-reusing allocator overlaps live handles many times; one warning per program
+    def body(a):
+        keep = [nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf, address=(0, 64 * k))
+                for k in range(5)]  # each overlaps the previous one
+        t = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf)
+        nisa.memset(t, float(len(keep)))
+        return _store(t)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = in_kernel(body, np.zeros((1, 1), np.float32), strict=False)
+    assert float(out[0, 0]) == 5.0
+    assert len(_hazards(caught, "overlapping placement")) == 1
+
+
 def test_placement_outside_the_partition_is_rejected():
     def body(a):
         nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf, address=(0, 224 * KIB - 128))
