@@ -107,26 +107,24 @@ def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
 
     The kernels' own planners hold their limits (row-unit indices below 2^24, SBUF budget):
     they are asked instead of restating the rules here."""
-    reason = _device_reason(value.device) or _mode_and_dtype_reason(problem, value)
-    if reason is not None:
-        return reason
-    try:
-        forward_gather_method(problem, dtype_name(value.dtype))
-    except ValueError as exc:
-        return f"the NKI forward kernel cannot plan this call: {exc}"
-    return None
+    return _planner_reason(problem, value, forward_gather_method, "forward")
 
 
 def backward_unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
                                 sampling_locations: torch.Tensor) -> str | None:
     """Why the backward kernel cannot run this call (e.g. N_h*N_l > 128, SBUF budget)."""
+    return _planner_reason(problem, value, backward_gather_method, "backward")
+
+
+def _planner_reason(problem: MSDAProblem, value: torch.Tensor,
+                    gather_method: Callable[[MSDAProblem, str], str], kernel: str) -> str | None:
     reason = _device_reason(value.device) or _mode_and_dtype_reason(problem, value)
     if reason is not None:
         return reason
     try:
-        backward_gather_method(problem, dtype_name(value.dtype))
+        gather_method(problem, dtype_name(value.dtype))
     except ValueError as exc:
-        return f"the NKI backward kernel cannot plan this call: {exc}"
+        return f"the NKI {kernel} kernel cannot plan this call: {exc}"
     return None
 
 
