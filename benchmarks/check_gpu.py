@@ -1,6 +1,6 @@
 """GPU correctness check of the Triton backend against a float64 reference.
 
-Run on a CUDA machine:  python benchmarks/check_gpu.py [--skip-large]
+Run on a CUDA machine:  python benchmarks/check_gpu.py [--skip-large] [--shard I/N]
 Every case draws fresh random inputs, rounds them to the run dtype, and compares the Triton
 forward and all three gradients with float64 grid_sample + autograd on the same rounded
 inputs (relative L2). Before each case a 256 MiB NaN-filled block is freed back to the caching
@@ -49,7 +49,7 @@ def poison_allocator() -> None:
 def check_case(name, dtype, *, batch=2, queries=97, heads=4, channels=32, shapes=SHAPES_SMALL,
                points=3, value_layout="BLNC", loc_layout="BQHLP2", align_corners=False,
                padding_mode="zeros", deterministic=False, compute=(True, True, True), seed=0,
-               forward_kernel="points"):
+               forward_kernel="points", plan_changes=None):
     poison_allocator()
     value, loc, attn, grad = make_inputs(batch, queries, heads, channels, shapes, points, dtype,
                                          value_layout, loc_layout, seed=seed)
@@ -59,10 +59,11 @@ def check_case(name, dtype, *, batch=2, queries=97, heads=4, channels=32, shapes
                    align_corners=align_corners, padding_mode=padding_mode)
     ref = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
                                       grad.double(), **options)
-    plan = tb.with_configs(tb.plan_launch(problem, str(dtype)), forward_kernel=forward_kernel)
+    plan = tb.with_configs(tb.plan_launch(problem, str(dtype)), forward_kernel=forward_kernel,
+                           **(plan_changes or {}))
     out = tb.msda_forward(value, problem, loc, attn, plan=plan)
     grads = tb.msda_backward(grad, value, problem, loc, attn, compute=compute,
-                             deterministic=deterministic)
+                             deterministic=deterministic, plan=plan if plan_changes else None)
     errors = [relative_l2(out, ref[0])]
     for want, got, expected in zip(compute, grads, ref[1:]):
         if want:
@@ -207,8 +208,10 @@ def check_encoder_bf16():
     grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16)
     ref_grads = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
                                             grad.double())
-    for acc in ("float32", "native"):
-        plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_accumulator=acc)
+    for acc in ("float32", "native", "float32 points-backward"):
+        plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"),
+                               grad_value_accumulator=acc.split()[0],
+                               backward_kernel="points" if "points" in acc else "samples")
         grads = tb.msda_backward(grad, value, problem, loc, attn, plan=plan, deterministic=False)
         errs = [relative_l2(g, r) for g, r in zip(grads, ref_grads[1:])]
         if acc == "native":  # informational: bf16 atomics are not the default (too inaccurate)
@@ -234,6 +237,14 @@ def cases():
     yield "compute=(T,F,F)", torch.bfloat16, dict(compute=(True, False, False))
     yield "C_h=8 N_h=1 P=1 B=3", torch.float32, dict(channels=8, heads=1, points=1, batch=3)
     yield "C_h=64 Q=1", torch.bfloat16, dict(channels=64, queries=1)
+    for i, (vl, ll, ac, pm) in enumerate(combos):  # the fast-mode points backward
+        yield f"points-backward {vl}/{ll} ac={ac} {pm}", (
+            torch.float32, torch.bfloat16)[i % 2], dict(
+            value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, queries=61,
+            plan_changes=dict(backward_kernel="points"))
+    yield "samples-backward 4 q/program C_h=20 P=5", torch.float32, dict(
+        channels=20, points=5, queries=61,
+        plan_changes=dict(samples_backward=tb.KernelConfig(4, 4)))
     for i, (vl, ll, ac, pm) in enumerate(combos):
         yield f"samples-kernel {vl}/{ll} ac={ac} {pm} C_h={32 - 4 * i}", torch.float32, dict(
             value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, channels=32 - 4 * i,
@@ -245,6 +256,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-large", action="store_true", help="skip the 5 GB int64 case")
     parser.add_argument("--only-large", action="store_true",
                         help="only the launch-path, encoder and int64 cases")
+    parser.add_argument("--shard", default="0/1", metavar="I/N",
+                        help="run every N-th check starting at the I-th (parallel processes)")
     args = parser.parse_args(argv)
     rows = []
     start = time.time()
@@ -256,18 +269,20 @@ def main(argv=None) -> int:
             verdict = "INFO" if ok is None else ("PASS" if ok else "FAIL")
             print(f"{verdict} {name} {dtype} {', '.join(f'{e:.1e}' for e in errors)}", flush=True)
 
+    index, count = (int(x) for x in args.shard.split("/"))
+    checks = []
     if not args.only_large:
-        for i, (name, dtype, kwargs) in enumerate(cases()):
-            add(check_case(name, dtype, seed=i, **kwargs))
-        add(check_nonfinite())
-        add(check_nonfinite_values(False))
-        add(check_nonfinite_values(True))
-    add(check_launch_paths())
-    add(*check_encoder_bf16())
+        checks += [(lambda i=i, c=c: [check_case(c[0], c[1], seed=i, **c[2])])
+                   for i, c in enumerate(cases())]
+        checks += [lambda: [check_nonfinite()], lambda: [check_nonfinite_values(False)],
+                   lambda: [check_nonfinite_values(True)]]
+    checks += [lambda: [check_launch_paths()], check_encoder_bf16]
     if not args.skip_large:
-        add(check_int64())
+        checks.append(lambda: [check_int64()])
+    for check in checks[index::count]:
+        add(*check())
         torch.cuda.empty_cache()
-    print(f"\n| case | dtype | rel L2: out, grad_value, grad_loc, grad_attn | ok |\n|---|---|---|---|")
+    print("\n| case | dtype | rel L2: out, grad_value, grad_loc, grad_attn | ok |\n|---|---|---|---|")
     for name, dtype, errors, ok in rows:
         verdict = "INFO" if ok is None else ("PASS" if ok else "FAIL")
         print(f"| {name} | {dtype} | {', '.join(f'{e:.1e}' for e in errors)} | {verdict} |")

@@ -31,12 +31,15 @@ __all__ = ["can_skip_dispatcher", "msda_forward_eager"]
 def msda_forward_eager(problem: MSDAProblem, backend: str, value: Tensor,
                        sampling_locations: Tensor, attention_weights: Tensor,
                        deterministic: bool | None = None) -> Tensor:
-    """The forward operator's result (and autograd) for a validated call that ``backend`` can
-    run; only valid when :func:`can_skip_dispatcher` holds for the three tensors."""
+    """The forward operator's result (and autograd) for a validated call; ``backend`` is the
+    name :func:`select_backend` returned for it (with ``needs_backward`` when an input requires
+    grad), so it is not checked again. Only valid when :func:`can_skip_dispatcher` holds for
+    the three tensors."""
     if torch.is_grad_enabled() and (value.requires_grad or sampling_locations.requires_grad
                                     or attention_weights.requires_grad):
         return ops.MSDAFunction.apply(value, sampling_locations, attention_weights,
-                                      ops.MSDAStatic(problem, backend, deterministic))
+                                      ops.MSDAStatic(problem, backend, deterministic,
+                                                     resolved=True))
     with profiler_range(ops.FORWARD_NAME):
         return ops.forward_with_backend(backend, problem, value, sampling_locations,
-                                        attention_weights)
+                                        attention_weights, resolved=True)

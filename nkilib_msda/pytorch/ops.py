@@ -107,12 +107,17 @@ ms_deformable_attention = torch.library.custom_op(FORWARD_NAME, _forward_op_impl
 
 
 def forward_with_backend(backend: str, problem: MSDAProblem, value: Tensor,
-                         sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
-    """The forward operator's body once ``problem`` is validated (empty problems call nothing)."""
+                         sampling_locations: Tensor, attention_weights: Tensor, *,
+                         resolved: bool = False) -> Tensor:
+    """The forward operator's body once ``problem`` is validated (empty problems call nothing).
+
+    ``resolved``: ``backend`` is a name that :func:`select_backend` already returned for this
+    call (the eager fast path), so it is not checked again."""
     if is_empty_problem(problem):
         return value.new_zeros(problem.output_shape)
     with autocast_disabled(value.device.type):
-        module = _resolve_backend(backend, problem, value, sampling_locations, for_backward=False)
+        module = (get_backend(backend) if resolved else
+                  _resolve_backend(backend, problem, value, sampling_locations, for_backward=False))
         out = module.msda_forward(value, problem, sampling_locations, attention_weights)
     return _as_like(out, value.dtype, None)
 
@@ -181,13 +186,15 @@ ms_deformable_attention_bwd = torch.library.custom_op(BACKWARD_NAME, _backward_o
 
 def backward_with_backend(backend: str, problem: MSDAProblem, grad_output: Tensor, value: Tensor,
                           sampling_locations: Tensor, attention_weights: Tensor,
-                          compute: list[bool], deterministic: bool | None = None
-                          ) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward operator's body once ``problem`` (with ``grad_output``) is validated."""
+                          compute: list[bool], deterministic: bool | None = None, *,
+                          resolved: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward operator's body once ``problem`` (with ``grad_output``) is validated;
+    ``resolved`` as in :func:`forward_with_backend` (the name was chosen for a backward)."""
     flags = tuple(bool(c) for c in compute)
     if any(flags) and not is_empty_problem(problem):
         with autocast_disabled(value.device.type):
-            module = _resolve_backend(backend, problem, value, sampling_locations, for_backward=True)
+            module = (get_backend(backend) if resolved else _resolve_backend(
+                backend, problem, value, sampling_locations, for_backward=True))
             grads = module.msda_backward(grad_output, value, problem, sampling_locations,
                                          attention_weights, flags, deterministic=deterministic)
     else:
@@ -243,6 +250,9 @@ class MSDAStatic:
     problem: MSDAProblem
     backend: str
     deterministic: bool | None
+    # True when made by the eager fast path: ``backend`` was selected for this problem with
+    # its backward's limits, and ``problem`` describes the autograd node's own output.
+    resolved: bool = False
 
 
 def save_msda_context(ctx: Any, value: Tensor, sampling_locations: Tensor,
@@ -266,14 +276,19 @@ def msda_input_gradients(ctx: Any, grad_output: Tensor, needs: tuple[bool, bool,
     compute = [bool(n) for n in needs]
     if not torch.is_grad_enabled() and can_skip_dispatcher(grad_output, value, sampling_locations,
                                                            attention_weights):
-        problem = validated_problem(
-            value, p.spatial_shapes, p.level_start_index, sampling_locations, attention_weights,
-            p.value_layout, p.sampling_locations_layout, p.align_corners, p.padding_mode,
-            grad_output=grad_output)
+        problem = p
+        # The autograd engine hands a node a gradient of its output's shape and dtype; anything
+        # else (or a node of the operator path) is validated in full.
+        if not (static.resolved and grad_output.shape == p.output_shape
+                and grad_output.dtype == value.dtype):
+            problem = validated_problem(
+                value, p.spatial_shapes, p.level_start_index, sampling_locations,
+                attention_weights, p.value_layout, p.sampling_locations_layout, p.align_corners,
+                p.padding_mode, grad_output=grad_output)
         with profiler_range(BACKWARD_NAME):
             grads = backward_with_backend(static.backend, problem, grad_output, value,
                                           sampling_locations, attention_weights, compute,
-                                          static.deterministic)
+                                          static.deterministic, resolved=static.resolved)
     else:
         grads = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
             grad_output, value, flatten_spatial_shapes(p.spatial_shapes),
@@ -312,7 +327,8 @@ class MSDAFunction(torch.autograd.Function):
         save_msda_context(ctx, value, sampling_locations, attention_weights, static)
         with profiler_range(FORWARD_NAME):
             return forward_with_backend(static.backend, static.problem, value,
-                                        sampling_locations, attention_weights)
+                                        sampling_locations, attention_weights,
+                                        resolved=static.resolved)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple:

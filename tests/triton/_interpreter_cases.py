@@ -75,8 +75,11 @@ def opts(value_layout="BLNC", loc_layout="BQHLP2", align_corners=False, padding_
                 align_corners=align_corners, padding_mode=padding_mode)
 
 
-def _blocks(fwd_q=16, bwd_q=16):
-    return dict(forward=tb.KernelConfig(fwd_q, 4), backward=tb.KernelConfig(bwd_q, 4))
+def _blocks(fwd_q=16, bwd_q=16, samples_q=4):
+    """Tiles: the forward, the points backward (deterministic mode, or backward_kernel="points")
+    and the all-samples backward (the fast-mode default); queries=11 leaves tail blocks."""
+    return dict(forward=tb.KernelConfig(fwd_q, 4), backward=tb.KernelConfig(bwd_q, 4),
+                samples_backward=tb.KernelConfig(samples_q, 4))
 
 
 def case_fp32_blnc_zeros():
@@ -124,6 +127,37 @@ def case_deterministic_bitwise():
     again = tb.msda_backward(g, v, problem, l, a, deterministic=True,
                              plan=tb.with_configs(tb.plan_launch(problem, "float32"), **_blocks()))
     return errors, ok and all(torch.equal(x, y) for x, y in zip(grads, again))
+
+
+def case_samples_backward():
+    """The all-samples backward (fast-mode default): both layouts, both padding modes, fp32 and
+    bf16, N_l*N_p not a power of two, C_h not a power of two, tail query blocks, compute subsets."""
+    return _backward_kernel_cases("samples")
+
+
+def case_points_backward_fast_mode():
+    """The points backward in fast mode (atomics), over the same configurations."""
+    return _backward_kernel_cases("points")
+
+
+def _backward_kernel_cases(kernel):
+    worst = [0.0] * 4
+    ok = True
+    configs = ((20, "BLNC", "BQHLP2", False, "zeros", torch.float32, 3, 8, (True, True, True)),
+               (21, "BNLC", "B2QHLP", True, "border", torch.float32, 2, 6, (True, True, True)),
+               (22, "BLNC", "B2QHLP", True, "zeros", torch.bfloat16, 3, 8, (True, True, True)),
+               (23, "BNLC", "BQHLP2", False, "border", torch.float32, 3, 5, (False, True, False)),
+               (24, "BLNC", "BQHLP2", False, "zeros", torch.float32, 1, 8, (True, False, True)))
+    for seed, vl, ll, ac, pm, dtype, points, channels, compute in configs:
+        v, l, a, g = make(seed, queries=11, points=points, channels=channels, dtype=dtype,
+                          value_layout=vl, loc_layout=ll)
+        changes = dict(_blocks(4, 4, 4), backward_kernel=kernel)
+        errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts(vl, ll, ac, pm), changes,
+                                       compute=compute)
+        scale = 1.0 if dtype == torch.float32 else 1e-3  # bf16 rows: tolerance 1e-2
+        worst = [max(w, e * scale) for w, e in zip(worst, errors)]
+        ok = ok and shapes_ok
+    return worst, ok
 
 
 def case_compute_subsets():
@@ -192,7 +226,8 @@ def case_nonfinite_values_outside_map():
     clean, bad, l, a, g = nonfinite_value_inputs(11)
     problem = validate_msda_args(bad, NONFINITE_SHAPES, None, l, a)
     results = []
-    for changes in (_blocks(), dict(_blocks(4, 16), forward_kernel="samples")):
+    for changes in (_blocks(), dict(_blocks(4, 4), forward_kernel="samples",
+                                    backward_kernel="samples")):
         plan = tb.with_configs(tb.plan_launch(problem, "float32"), **changes)
         out = tb.msda_forward(bad, problem, l, a, plan=plan)
         grads = tb.msda_backward(g, bad, problem, l, a, plan=plan)

@@ -31,6 +31,8 @@ CASE_NAMES = [
     "int64_indexing_forced",
     "deterministic_bitwise",
     "compute_subsets",
+    "samples_backward",
+    "points_backward_fast_mode",
     "nonfinite_coordinates",
     "nonfinite_values_outside_map",
 ]

@@ -191,3 +191,25 @@ def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
     for _ in range(3):
         launch(a, a)
     assert [entry[0] for entry in kernel.log] == ["jit", "jit", "jit"]
+
+
+@pytest.mark.parametrize("queries,points", [(22223, 4), (300, 4), (18000, 8)])
+def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kernel(queries, points):
+    from nkilib_msda.backends.triton_kernels.backward import (msda_backward_kernel,
+                                                              msda_backward_samples_kernel)
+
+    p = problem(queries=queries, points=points)
+    plan = tb.plan_launch(p, "float32")
+    assert plan.backward_kernel == "samples"
+    assert tb.uses_samples_backward(plan, deterministic=False)
+    assert not tb.uses_samples_backward(plan, deterministic=True)
+    kernel, grid, scalars, kwargs = tb._backward_launch(p, plan, (True, True, True), False)
+    assert kernel is msda_backward_samples_kernel
+    assert kwargs["BLOCK_Q"] == plan.samples_backward.block_q == 1
+    assert kwargs["BLOCK_S"] == 4 * points and "DETERMINISTIC" not in kwargs
+    assert grid == (p.batch * p.num_heads * queries,) and len(scalars) == 4
+    # 2 warps for 16 samples x 32 channels; more threads for wider (BLOCK_S x BLOCK_C) tiles
+    assert kwargs["num_warps"] == (2 if points == 4 else 4)
+    kernel, grid, scalars, kwargs = tb._backward_launch(p, plan, (True, True, True), True)
+    assert kernel is msda_backward_kernel and kwargs["DETERMINISTIC"] is True
+    assert kwargs["BLOCK_Q"] == plan.backward.block_q and len(scalars) == 5
