@@ -148,21 +148,20 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
 
     if "kernelize(" in code:
         transformers = pytest.importorskip("transformers")
-        kernels = pytest.importorskip("kernels")
+        pytest.importorskip("kernels")
         import torch
 
         from nkilib_msda.backends import reference_torch
-        from nkilib_msda.pytorch.hf_kernels import LAYER_NAME
+        from nkilib_msda.pytorch import hf_kernels
 
         model = transformers.DeformableDetrModel(_tiny_detr_config()).eval()
-        for cls in {type(m) for m in model.modules() if type(m).__name__ == LAYER_NAME}:
-            if not hasattr(cls, "kernel_layer_name"):
-                # transformers' hub decorator is a no-op with an unsupported `kernels` version:
-                # apply the same hook it would, and remove it again after the test
-                kernels.replace_kernel_forward_from_hub(cls, LAYER_NAME)
-                monkeypatch.setattr(cls, "kernel_layer_name", LAYER_NAME)
-                monkeypatch.setattr(cls, "kernel_condition", getattr(cls, "kernel_condition", None),
-                                    raising=False)
+        # The snippet alone must make kernelize swap the layer: take off any hub hook that an
+        # earlier register_hf_kernels() in this process added (transformers' own stays).
+        for cls in list(hf_kernels.HOOKED_BY_US):
+            for attr in ("kernel_layer_name", "kernel_condition"):
+                if attr in vars(cls):
+                    delattr(cls, attr)
+        hf_kernels.HOOKED_BY_US.clear()
         names["model"] = model
 
         def check_kernelized(ns: dict[str, Any]) -> None:
