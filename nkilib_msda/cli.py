@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import NoReturn, Sequence
 
-from nkilib_msda._env import EnvironmentVariableError
+from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
 
 
@@ -105,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--locations-layout", choices=["BQHLP2", "B2QHLP"], help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
     check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
-    check.add_argument("--lnc", type=int, default=1, choices=[1, 2], help="logical NeuronCores (default 1)")
+    check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
+                       choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
+                                            "else 1; now %(default)s)")
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
     check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
@@ -132,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; bad input (arguments, environment variables) exits 2 with one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        validate_environment()
         if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
             return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
         args = build_parser().parse_args(argv)
