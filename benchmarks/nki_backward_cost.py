@@ -99,7 +99,7 @@ accounting (`simulate(..., report=True)`), summed over both logical cores; they 
 instructions per sampled point. "zero MB" = HBM bytes written to zero the fp32 K buffers
 (every set, batch and core), "reduce MB" = HBM bytes read by the fixed-order reduction; "share"
 = (zero + reduce) / all DMA HBM bytes (gathers, scatter read-modify-writes, loads, stores,
-zeroing and reduction). Peak SBUF is per partition (usable on trn2 ~ 207 KiB).
+zeroing and reduction). Peak SBUF is per partition (the planners' trn2 budget: 204,800 B).
 
 | case | K (bufs total) | gather desc/pt | gather instr/pt | scatter desc/pt | scatter instr/pt | scatter RMW MB | zero MB | reduce MB | all HBM MB | zero+reduce share | peak SBUF B/part | emulator s |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|

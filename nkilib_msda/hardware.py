@@ -26,7 +26,7 @@ minus a few hundred bytes of their own.
 from __future__ import annotations
 
 __all__ = [
-    "KIB", "PARTITIONS", "PE_ARRAY_SIZE", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
+    "KIB", "PARTITIONS", "PE_ARRAY_SIZE", "DMA_TRANSPOSE_MAX_FREE", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
     "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "MAX_LNC", "TARGETS", "DEFAULT_TARGET", "NEURON_CORES",
     "MATMUL_MAX_N_FP32", "SBUF_BYTES_PER_PARTITION", "RUNTIME_SBUF_RESERVE_BYTES",
     "USABLE_SBUF_BYTES", "PLANNER_SBUF_RESERVE_BYTES", "PLANNER_SBUF_BUDGET",
@@ -38,6 +38,8 @@ KIB = 1024
 PARTITIONS = 128                       # SBUF/PSUM partitions (nl.tile_size.pmax)
 # The Tensor Engine's systolic array: contraction (partitions) and stationary free size.
 PE_ARRAY_SIZE = PARTITIONS
+# dma_transpose puts src.shape[-1] on the partitions: at most 128 of them.
+DMA_TRANSPOSE_MAX_FREE = PARTITIONS
 PSUM_BANK_BYTES = 2 * KIB              # bytes per partition in one PSUM bank
 PSUM_BANKS = 8
 PSUM_BYTES = PSUM_BANKS * PSUM_BANK_BYTES

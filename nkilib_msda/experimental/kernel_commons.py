@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, MAX_LNC, PARTITIONS,
+from nkilib_msda.hardware import (DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, MAX_LNC,
+                                  PARTITIONS,
                                   PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BANK_FP32,
                                   PSUM_BANKS, PSUM_BYTES, planner_sbuf_budget)
 
@@ -21,7 +22,7 @@ from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, MAX_LNC, PART
 
 __all__ = [
     "PARTITIONS", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
-    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "PLANNER_SBUF_BUDGET", "MAX_LNC",
+    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "PLANNER_SBUF_BUDGET", "MAX_LNC", "DMA_TRANSPOSE_MAX_FREE",
     "core_info", "core_barrier", "usable_sbuf_bytes", "kernel_sbuf_budget",
 ]
 

@@ -145,8 +145,8 @@ class BackwardPlan(_Plan):
 
 
 def _check_common(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int) -> None:
-    if not 1 <= num_sources <= 128:
-        raise ValueError(f"num_sources: expected 1..128, got {num_sources}")
+    if not 1 <= num_sources <= PARTITIONS:
+        raise ValueError(f"num_sources: expected 1..{PARTITIONS}, got {num_sources}")
     if num_tokens < 1 or dim < 1:
         raise ValueError(f"num_tokens, dim: expected >= 1, got {num_tokens}, {dim}")
     if dtype not in DTYPE_BYTES:

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from nkilib_msda.experimental.kernel_commons import (
-    FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BYTES)
+    DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
+    PSUM_BYTES)
 from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.validation import MSDAProblem
 
@@ -52,7 +53,7 @@ __all__ = [
 
 # The planners' one SBUF budget (nkilib_msda.hardware): trn2 usable SBUF minus the reserve.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
-TRANSPOSE_MAX_CHANNELS = 128      # indirect dma_transpose: src.shape[-1] <= 128
+TRANSPOSE_MAX_CHANNELS = DMA_TRANSPOSE_MAX_FREE  # indirect dma_transpose: src.shape[-1] <= 128
 DEFAULT_DMA_COLS = 32             # index columns per indirect dma_transpose (4096 indices)
 MAX_Q_PACK = 8
 PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce group

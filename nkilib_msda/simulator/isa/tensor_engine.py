@@ -85,7 +85,7 @@ def _check_tiling(instr: str, tile_position: Any, tile_size: Any, k: int, m: int
     rows, cols = (int(v) for v in tile_size)
     start_row, start_col = (int(v) for v in tile_position)
     for what, size, start in (("row", rows, start_row), ("column", cols, start_col)):
-        if size not in (32, 64, 128) or start % size or not 0 <= start < 128:
+        if size not in (32, 64, _PE_ARRAY_SIZE) or start % size or not 0 <= start < _PE_ARRAY_SIZE:
             raise nki_error(instr, "tiling mode",
                             f"{what} tile size {size} / start {start}: sizes are 32, 64 or 128 "
                             "and starts multiples of the size below 128")
