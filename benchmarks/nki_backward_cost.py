@@ -21,7 +21,7 @@ os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config  # noqa: E402
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (  # noqa: E402
     ms_deformable_attention_bwd)
-from nkilib_msda.inputs import (  # noqa: E402
+from nkilib_msda.workloads import (  # noqa: E402
     MSDACase, make_inputs, numpy_dtype)
 from nkilib_msda.simulator import simulate  # noqa: E402
 from nkilib_msda.validation import validate_msda_args  # noqa: E402

@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nkilib_msda.inputs import PRESETS
+    from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
 
     parser = _Parser(prog="nkilib-msda", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(forward + backward on one laptop core).",
         epilog=_preset_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
+                       type=lambda name: PRESET_ALIASES.get(name, name),
                        help="shape preset, see the list below (default: %(default)s)")
     check.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                        help="value dtype (default: %(default)s)")
@@ -122,11 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _preset_table() -> str:
-    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+    from nkilib_msda.workloads import (PRESET_ALIASES, PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME,
+                                       PRESETS)
 
     lines = ["presets (emulator time for forward + backward, roughly):"]
     for name in sorted(PRESETS):
-        lines.append(f"  {name:<18} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+        lines.append(f"  {name:<19} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+    lines.append("older names still accepted: " + ", ".join(
+        f"{old} = {new}" for old, new in sorted(PRESET_ALIASES.items())))
     return "\n".join(lines)
 
 
