@@ -214,7 +214,7 @@ PRESET_EMULATOR_TIME = {
     "bevformer-sca": "~3 min",
     "bevformer-tsa": "~45 s",
     "bevformer-decoder": "~5 s",
-    "mask2former-encoder": "~3 min",
+    "mask2former-encoder": "~2.5 min",
 }
 
 
