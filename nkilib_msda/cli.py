@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import NoReturn, Sequence
 
-from nkilib_msda._env import EnvironmentVariableError
+from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
 
 
@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nkilib_msda.inputs import PRESETS
+    from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
 
     parser = _Parser(prog="nkilib-msda", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(forward + backward on one laptop core).",
         epilog=_preset_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
+                       type=lambda name: PRESET_ALIASES.get(name, name),
                        help="shape preset, see the list below (default: %(default)s)")
     check.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                        help="value dtype (default: %(default)s)")
@@ -105,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--locations-layout", choices=["BQHLP2", "B2QHLP"], help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
     check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
-    check.add_argument("--lnc", type=int, default=1, choices=[1, 2], help="logical NeuronCores (default 1)")
+    check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
+                       choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
+                                            "else 1; now %(default)s)")
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
     check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
@@ -120,11 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _preset_table() -> str:
-    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+    from nkilib_msda.workloads import (PRESET_ALIASES, PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME,
+                                       PRESETS)
 
     lines = ["presets (emulator time for forward + backward, roughly):"]
     for name in sorted(PRESETS):
-        lines.append(f"  {name:<18} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+        lines.append(f"  {name:<19} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+    lines.append("older names still accepted: " + ", ".join(
+        f"{old} = {new}" for old, new in sorted(PRESET_ALIASES.items())))
     return "\n".join(lines)
 
 
@@ -132,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; bad input (arguments, environment variables) exits 2 with one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        validate_environment()
         if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
             return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
         args = build_parser().parse_args(argv)

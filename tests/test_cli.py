@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, env, needle):
 
 
 def test_check_help_describes_every_preset_with_a_time():
-    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+    from nkilib_msda.workloads import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
 
     assert set(PRESET_DESCRIPTIONS) == set(PRESET_EMULATOR_TIME) == set(PRESETS)
     proc = _cli("check", "--help")

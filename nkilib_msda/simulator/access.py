@@ -351,7 +351,7 @@ def check_compute_partitions(instruction: str, *tensors: Any) -> None:
                             f"free access-pattern levels after merging contiguous dims; compute "
                             f"instructions take at most {MAX_COMPUTE_FREE_LEVELS} (copy it to a "
                             "contiguous tile first)")
-        limit = {0: 128, 32: 32, 64: 64, 96: 32}.get(start)
+        limit = {0: MAX_PARTITIONS, 32: 32, 64: 64, 96: 32}.get(start)
         if limit is None or num > limit:
             raise nki_error(instruction, "start partition",
                             f"Invalid access of {num} partitions starting at partition {start} "

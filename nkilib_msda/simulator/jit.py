@@ -23,19 +23,18 @@ import dataclasses
 import enum
 import functools
 import inspect
-import os
 import threading
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 
-from nkilib_msda._env import env_flag
+from nkilib_msda._env import EnvironmentVariableError, read_env
 from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.dtypes import to_nki_dtype
-from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_error
+from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, env_error, nki_error
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
@@ -49,13 +48,11 @@ LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 def lnc_degree() -> int | None:
     """The LNC degree set by ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), None when unset."""
-    raw = os.environ.get(LNC_ENV, "").strip()
-    if not raw:
-        return None
-    if raw not in ("1", "2"):
-        raise nki_error("nki.jit", "LNC degree",
-                        f"{LNC_ENV}={raw!r}: the LNC degree must be 1 or 2")
-    return int(raw)
+    try:
+        degree: int | None = read_env(LNC_ENV)
+    except EnvironmentVariableError as exc:
+        raise env_error("nki.jit", "LNC degree", exc, "the LNC degree must be 1 or 2") from None
+    return degree
 
 
 class JitKernel:
@@ -353,7 +350,7 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
     if strict is None:
         strict = kernel.options.get("strict")
     if strict is None:
-        strict = env_flag(STRICT_ENV, default=False)
+        strict = read_env(STRICT_ENV)
     if not isinstance(strict, bool):
         raise ValueError(f"simulate: strict must be True, False or None, got {strict!r}")
     return strict

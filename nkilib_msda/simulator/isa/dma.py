@@ -40,6 +40,8 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
+from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE as _TRANSPOSE_MAX_FREE
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator.access import (may_overlap, read, read_raw, report_hazard, store,
                                           write_raw)
 from nkilib_msda.simulator.alu import NkiOp
@@ -446,10 +448,10 @@ def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
     if idx.ndim != 2:
         raise nki_error(ins, "index shape", f"indices must be 2-D, got {idx.shape}")
     p, m = idx.shape
-    if not (16 <= p <= 128 and p % 16 == 0):
+    if not (16 <= p <= _PARTITIONS and p % 16 == 0):
         raise nki_error(ins, "index shape",
                         f"indices.shape[0] must be a multiple of 16 in [16, 128], got {p}")
-    if m > 1 and p != 128:
+    if m > 1 and p != _PARTITIONS:
         raise nki_error(ins, "index shape",
                         f"indices with {m} > 1 columns need 128 partitions, got {p}")
     rows = acc.shape[0]
@@ -508,13 +510,15 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = N
             raise nki_error(ins, "hwdge shape",
                             f"3-D/4-D HWDGE transpose needs src.shape[0] in {{1,2,4,8,16}} and "
                             f"(shape[0]*shape[-2]) % 16 == 0, got {src.shape}")
-        if src.shape[-1] > 128:
-            raise nki_error(ins, "hwdge shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+        if src.shape[-1] > _TRANSPOSE_MAX_FREE:
+            raise nki_error(ins, "hwdge shape", f"src.shape[-1] must be <= {_TRANSPOSE_MAX_FREE}, "
+                                                f"got {src.shape[-1]}")
     if indirect:
         if dge is _dge_mode.none:
             raise nki_error(ins, "indirection requires swdge", "dge_mode=none cannot do indirection")
-        if src.shape[-1] > 128:
-            raise nki_error(ins, "indirect shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+        if src.shape[-1] > _TRANSPOSE_MAX_FREE:
+            raise nki_error(ins, "indirect shape", f"src.shape[-1] must be <= {_TRANSPOSE_MAX_FREE}, "
+                                                   f"got {src.shape[-1]}")
         if src.shape[0] % 16:
             raise nki_error(ins, "indirect shape",
                             f"src.shape[0] must be a multiple of 16, got {src.shape[0]}")
