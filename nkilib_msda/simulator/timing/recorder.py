@@ -229,9 +229,11 @@ class Timeline:
         return regions
 
     def _deps(self, program: int, reads: list[_Access], writes: list[_Access]
-              ) -> tuple[set[int], list[tuple[_Regions, Any, bool]]]:
-        """(node ids waited for, the regions to update)."""
+              ) -> tuple[set[int], set[int], list[tuple[_Regions, Any, bool]]]:
+        """(node ids waited for, those of them that wrote what is read, the regions to
+        update)."""
         deps: set[int] = set()
+        raw: set[int] = set()
         spans = []
         for accesses, is_write in ((reads, False), (writes, True)):
             for acc in accesses:
@@ -251,7 +253,9 @@ class Timeline:
                     node = int(ids[g0 + row, c0 + col])
                     if node >= 0:
                         deps.add(node)
-        return deps, spans
+                        if not is_write:
+                            raw.add(node)
+        return deps, raw, spans
 
     @staticmethod
     def _update(spans: list[tuple[_Regions, Any, bool]], node: int, end: float) -> None:
@@ -340,7 +344,7 @@ class Timeline:
                                           bool(src and src.fp32))
         else:
             cycles = compute_cycles(hw, engine, opcode, n, rops, wops)
-        deps, spans = self._deps(program, reads, writes)
+        deps, _, spans = self._deps(program, reads, writes)
         prog = self.programs[program]
         r = prog.res[engine]
         node, end = self._add(NODE_COMPUTE, program, r, r + 1, cycles / clk, overhead,
@@ -384,7 +388,7 @@ class Timeline:
         indirect = kind in _INDIRECT_KINDS or queue == "swdge"
         if queue is None or queue not in ("sync", "act", "swdge"):
             queue = "swdge" if indirect else "sync"
-        deps, spans = self._deps(program, reads, writes)
+        deps, raw, spans = self._deps(program, reads, writes)
         # Transfers of one queue run in order on the DMA engines: waiting for an earlier
         # transfer of the same queue needs no semaphore (no latency).
         same_queue = {d for d in deps if self.kind[d] == NODE_TRANSFER and self.queue[d] == queue
@@ -392,12 +396,12 @@ class Timeline:
         deps -= same_queue
         if queue == "swdge":
             r = prog.res["gpsimd"]
-            # Software DGE writes descriptors from the index tiles: it waits for the tiles
-            # the transfer depends on (conservative: all of them).
+            # Software DGE builds descriptors from the index tiles: it waits for what the
+            # DMA reads (its indices among them), not for its destination to be free.
             issue, _ = self._add(
                 NODE_ISSUE, program, r, r + 1, 0.0,
                 ((_P["swdge_fixed_ns"], 1.0), (_P["swdge_descriptor_ns"], float(count))),
-                _P["dependency_latency_ns"], set(deps), opcode + " (swdge)", "swdge")
+                _P["dependency_latency_ns"], raw - same_queue, opcode + " (swdge)", "swdge")
         else:
             r = prog.res["queue_" + queue]
             issue, _ = self._add(NODE_ISSUE, program, r, r + 1, 0.0,
