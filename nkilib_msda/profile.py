@@ -46,8 +46,8 @@ def plot_timeline(timing: Any, path: str | Path, title: str = "") -> None:
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("name") == "thread_name"}
     rows: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    colours: dict[tuple[int, int], list[str]] = {}
-    palette: dict[str, str] = {}
+    colours: dict[tuple[int, int], list[Any]] = {}
+    palette: dict[str, Any] = {}
     cmap = plt.get_cmap("tab10")
     for e in events:
         if e.get("ph") != "X":
