@@ -217,7 +217,7 @@ class Timeline:
 
     # -- dependencies ------------------------------------------------------------------------
     def _regions(self, program: int, storage: Any) -> _Regions:
-        key = ("timing", program)
+        key = f"timing:{program}"
         regions = storage.aux.get(key)
         if regions is None:
             if storage.buffer in ("sbuf", "psum"):

@@ -76,6 +76,10 @@ class Timing:
         self.hbm_bytes = int(hbm_bytes)
         self.num_nodes = int(kind.size)
         self.params: dict[str, float] = dict(zip(PARAM_NAMES, param_vector(target)))
+        # plain lists for the scheduling loop (converted once)
+        self._loop = (res_lo.tolist(), res_hi.tolist(), self._pred_ptr.tolist(),
+                      self._pred_idx.tolist(), self._order_ptr.tolist(),
+                      self._order_idx.tolist(), lat.tolist())
         nominal = self._run(param_vector(target), trace=True)
         self.estimate_us = nominal["total_ns"] / 1e3
         self.low_us = self._run(param_vector(target, which="low"))["total_ns"] / 1e3
@@ -112,10 +116,9 @@ class Timing:
         n = self.num_nodes
         pv = np.asarray(p, dtype=float)
         dur = (self._const + self._coef @ pv).tolist() if n else []
-        lat_values = [pv[i] if i >= 0 else 0.0 for i in self._lat.tolist()]
-        res_lo, res_hi = self._res_lo.tolist(), self._res_hi.tolist()
-        ptr, idx = self._pred_ptr.tolist(), self._pred_idx.tolist()
-        optr, oidx = self._order_ptr.tolist(), self._order_idx.tolist()
+        res_lo, res_hi, ptr, idx, optr, oidx, lat = self._loop
+        plist = pv.tolist()
+        lat_values = [plist[i] if i >= 0 else 0.0 for i in lat]
         free = [0.0] * (len(self.core_names) * self.num_programs)
         last_on = [-1] * len(free)
         start = [0.0] * n
