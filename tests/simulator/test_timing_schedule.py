@@ -238,3 +238,17 @@ def test_timing_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("NKILIB_MSDA_SIM_TIMING", "0")
     *_, report = in_kernel(_vector_chain(1), _x(), report=True)
     assert report.timing is None
+
+
+def test_a_timing_failure_warns_and_leaves_the_emulation_intact(monkeypatch):
+    from nkilib_msda.simulator.timing import TimingWarning, recorder
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(recorder, "compute_cycles", broken)
+    x = _x()
+    with pytest.warns(TimingWarning, match="boom"):
+        out, report = in_kernel(_vector_chain(2), x, report=True)
+    assert report.timing is None
+    np.testing.assert_array_equal(out, x)

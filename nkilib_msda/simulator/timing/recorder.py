@@ -24,7 +24,8 @@ new node waits for (the latest-ending reader at nominal for write-after-read).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from nkilib_msda.simulator.timing.constants import PARAM_NAMES, hardware_for, pa
 from nkilib_msda.simulator.timing.costs import (Operand, compute_cycles, matmul_cycles,
                                                 transpose_cycles)
 
-__all__ = ["Timeline", "CORE_RESOURCES", "COMPUTE_ENGINES", "NODE_COMPUTE", "NODE_ISSUE",
+__all__ = ["Timeline", "TimingWarning", "CORE_RESOURCES", "COMPUTE_ENGINES", "NODE_COMPUTE", "NODE_ISSUE",
            "NODE_TRANSFER", "NODE_BARRIER"]
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync")
@@ -100,6 +101,30 @@ class _Program:
         self.writes: list[_Access] = []
 
 
+class TimingWarning(UserWarning):
+    """The timing model could not record an instruction; the run has no ``report.timing``."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(method: _F) -> _F:
+    """A failure of the timing model must not break the emulation: the first exception is
+    kept in ``Timeline.failure`` and the recorder stops (jit.py warns, timing is None)."""
+
+    @functools.wraps(method)
+    def wrapper(self: "Timeline", *args: Any, **kwargs: Any) -> Any:
+        if self.failure is not None:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported through TimingWarning
+            self.failure = f"{method.__name__}: {type(exc).__name__}: {exc}"
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
 class Timeline:
     """The recorded graph of one simulation (see the module docstring)."""
 
@@ -128,8 +153,10 @@ class Timeline:
         self.end: list[float] = []
         self.hbm_bytes = 0
         self._barrier_arrivals = 0
+        self.failure: str | None = None  # the first recording error (see _guarded)
 
     # -- accesses ------------------------------------------------------------------------
+    @_guarded
     def note_view(self, program: int, t: Any, is_write: bool) -> None:
         """A read or write of the static view ``t`` (shape, strides, offset in elements)."""
         storage = t.storage
@@ -179,6 +206,7 @@ class Timeline:
         prog = self.programs[program]
         (prog.writes if is_write else prog.reads).append(acc)
 
+    @_guarded
     def note_raw(self, program: int, storage: Any, addr: Any, dtype: Any,
                  is_write: bool) -> None:
         """A read or write at element addresses ``addr`` (a slice or an int array)."""
@@ -314,6 +342,7 @@ class Timeline:
         prog.reads, prog.writes = [], []
         return reads, writes
 
+    @_guarded
     def compute(self, program: int, engine: str, opcode: str, elements: int) -> None:
         """One compute instruction (``engine`` as in the cost report)."""
         if engine == "dma":
@@ -351,6 +380,7 @@ class Timeline:
                               _P["dependency_latency_ns"], deps, opcode)
         self._update(spans, node, end)
 
+    @_guarded
     def dma(self, program: int, opcode: str, kind: str, direction: str, elements: int,
             nbytes: int, hbm_bytes: int, descriptors: dict[int, int] | None,
             queue: str | None = None) -> None:
@@ -416,6 +446,7 @@ class Timeline:
                               order=same_queue)
         self._update(spans, node, end)
 
+    @_guarded
     def barrier(self, program: int) -> None:
         """``core_barrier`` of an LNC 2 run: when the last program arrives, one node on every
         resource of every core (a full drain and release)."""
