@@ -416,8 +416,10 @@ class Timeline:
             efficiency = 1.0 if (self.target == "trn3" and on_chip_dst) \
                 else hw.dma_accumulate_efficiency
         indirect = kind in _INDIRECT_KINDS or queue == "swdge"
-        if queue is None or queue not in ("sync", "act", "swdge"):
-            queue = "swdge" if indirect else "sync"
+        if queue not in ("sync", "act", "swdge"):
+            # dge_mode unknown/none: software DGE where only it can (indirect DMAs, dma_compute
+            # on NC-v3), else descriptors the compiler prepared ("static"), triggered by Sync.
+            queue = "swdge" if indirect else "static"
         deps, raw, spans = self._deps(program, reads, writes)
         # Transfers of one queue run in order on the DMA engines: waiting for an earlier
         # transfer of the same queue needs no semaphore (no latency).
@@ -433,10 +435,11 @@ class Timeline:
                 ((_P["swdge_fixed_ns"], 1.0), (_P["swdge_descriptor_ns"], float(count))),
                 _P["dependency_latency_ns"], raw - same_queue, opcode + " (swdge)", "swdge")
         else:
-            r = prog.res["queue_" + queue]
-            issue, _ = self._add(NODE_ISSUE, program, r, r + 1, 0.0,
-                                 ((_P["hwdge_issue_ns"], 1.0),), -1, set(),
-                                 opcode + " (hwdge)", queue)
+            r = prog.res["queue_act" if queue == "act" else "queue_sync"]
+            cost = "dma_trigger_ns" if queue == "static" else "hwdge_issue_ns"
+            issue, _ = self._add(NODE_ISSUE, program, r, r + 1, 0.0, ((_P[cost], 1.0),), -1,
+                                 set(), opcode + (" (trigger)" if queue == "static"
+                                                  else " (hwdge)"), queue)
         desc_param = _P["dma_indirect_descriptor_ns"] if descriptors else _P["dma_descriptor_ns"]
         const = nbytes / engines / (hw.dma_bytes_per_ns * efficiency)
         terms = ((desc_param, count / engines),)

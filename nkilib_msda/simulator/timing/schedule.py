@@ -252,7 +252,7 @@ class Timing:
         """Chrome trace events: one process per core, one thread per engine / queue / DMA
         engine; times in µs at nominal parameters."""
         per_core = len(self.core_names)
-        tracks = list(self.core_names) + ["queue_swdge"]
+        tracks = list(self.core_names) + ["queue_static", "queue_swdge"]
         tid = {name: k for k, name in enumerate(tracks)}
         used: set[tuple[int, str]] = set()
         events: list[dict[str, Any]] = []
