@@ -201,6 +201,8 @@ def test_band_evaluate_and_monotonicity():
     grow = t.evaluate({"dependency_latency_ns": 1000.0})
     assert grow > t.estimate_us  # the chain's latencies are on the critical path
     assert t.lower_bound_us <= t.estimate_us
+    assert t.lower_bound(low) <= t.lower_bound() == pytest.approx(t.lower_bound_us)
+    assert t.lower_bound(high) <= t.high_us and t.lower_bound(low) <= t.low_us
 
 
 def test_trace_is_json_with_events_for_every_engine_that_worked(tmp_path):

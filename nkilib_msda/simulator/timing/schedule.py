@@ -205,15 +205,16 @@ class Timing:
         crit = nominal["critical"]
         return max(crit, key=crit.get) if crit else "launch"
 
-    def _busy(self) -> dict[str, float]:
+    def _busy(self, dur: Any = None) -> dict[str, float]:
+        """Busy µs per resource name on the busiest core (``dur``: node durations in ns,
+        default the nominal ones)."""
         per_core = len(self.core_names)
         busy = np.zeros(per_core * self.num_programs)
-        dur = np.asarray(self._dur)
-        for i in range(self.num_nodes):
-            lo, hi = int(self._res_lo[i]), int(self._res_hi[i])
-            if int(self._kind[i]) == NODE_BARRIER:
-                continue
-            busy[lo:hi] += dur[i]
+        dur = np.asarray(self._dur if dur is None else dur, dtype=float)
+        keep = self._kind != NODE_BARRIER
+        for lo, hi, d in zip(self._res_lo[keep].tolist(), self._res_hi[keep].tolist(),
+                             dur[keep].tolist()):
+            busy[lo:hi] += d
         out: dict[str, float] = {}
         by_core = busy.reshape(self.num_programs, per_core) / 1e3
         for k, name in enumerate(self.core_names):
@@ -226,14 +227,14 @@ class Timing:
         pv = np.asarray(p)
         floor = p[_P["launch_floor_us"]] * 1e3
         best = self._hbm_ns(p)
+        busy = self._busy(self._const + self._coef @ pv if self.num_nodes else [])
+        for engine in COMPUTE_ENGINES:
+            best = max(best, busy.get(engine, 0.0) * 1e3)
         transfer = self._kind == NODE_TRANSFER
         width = (self._res_hi - self._res_lo).astype(float)
         for core in range(self.num_programs):
-            mine = self._core == core
-            for engine in COMPUTE_ENGINES:
-                best = max(best, self.engine_busy_us.get(engine, 0.0) * 1e3)
-            sel = mine & transfer
-            # bytes / total bandwidth and descriptors x per-descriptor cost, over 16 engines
+            sel = (self._core == core) & transfer
+            # bytes over the bandwidth of all 16 DMA engines; descriptors x per-descriptor cost
             best = max(best, float((self._const[sel] * width[sel]).sum()) / hw.dma_engines)
             best = max(best, float((self._coef[sel] @ pv * width[sel]).sum()) / hw.dma_engines)
         return floor + best
@@ -243,6 +244,10 @@ class Timing:
         """Modelled µs of the recorded graph with ``params`` (by name) overriding the nominal
         values; the kernel is not re-run."""
         return self._run(param_vector(self.target, params))["total_ns"] / 1e3
+
+    def lower_bound(self, params: Mapping[str, float] | None = None) -> float:
+        """``lower_bound_us`` for ``params`` (by name) overriding the nominal values."""
+        return self._lower_bound(param_vector(self.target, params)) / 1e3
 
     def ranges(self) -> dict[str, tuple[float, float, float]]:
         """The unknown parameters' (low, nominal, high) for this target."""
