@@ -192,11 +192,12 @@ class Timeline:
             if shape and (strides[0] == ppe or parts == 1) and ppe:
                 p0, col = divmod(offset, ppe)
                 lo, hi = (col + lo_e) * itemsize, (col + hi_e + 1) * itemsize
-                if lo < 0 or hi > storage.bytes_per_partition:
+                p1 = p0 + parts
+                if lo < 0 or hi > storage.bytes_per_partition:  # wraps into other partitions
+                    p0, p1 = 0, max(storage.partitions, p1)
                     lo, hi = 0, storage.bytes_per_partition
-            else:
-                p0, lo, hi = 0, 0, storage.bytes_per_partition
-            p1 = p0 + parts
+            else:  # an access pattern across partitions: the whole storage (conservative)
+                p0, p1, lo, hi = 0, max(storage.partitions, parts), 0, storage.bytes_per_partition
             per = size // max(parts, 1)
         else:
             lo, hi = (offset + lo_e) * itemsize, (offset + hi_e + 1) * itemsize
