@@ -254,3 +254,29 @@ def test_a_timing_failure_warns_and_leaves_the_emulation_intact(monkeypatch):
         out, report = in_kernel(_vector_chain(2), x, report=True)
     assert report.timing is None
     np.testing.assert_array_equal(out, x)
+
+
+def test_dma_queues_do_not_block_each_other_but_keep_their_own_order():
+    table = _x((1000, 64))
+    rows = RNG.integers(0, 1000, (128, 1)).astype(np.uint32)
+
+    def body(h, ht, hi):
+        idx = load(hi)
+        t = _chain(load(h), 20, nisa.engine.vector)  # ~15 us of Vector work
+        late = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=late, src=t)  # static queue: waits for the chain
+        g = nl.ndarray((128, 64), ht.dtype, buffer=nl.sbuf)  # software DGE: independent
+        nisa.dma_copy(dst=g, src=ht.ap([[64, 128], [1, 64]], offset=0, vector_offset=idx,
+                                       indirect_dim=0))
+        return late, store(g)
+
+    t = _timing(body, _x(), table, rows)
+    spans = {}
+    for e in t.trace_events():
+        if e.get("ph") == "X" and e["name"] == "dma_copy" and e["cat"] == "dma_bandwidth":
+            spans.setdefault(e["args"]["node"], e["ts"])
+    starts = [spans[k] for k in sorted(spans)]  # program order: idx, x, late, gather, store(g)
+    assert len(starts) == 5
+    idx_load, x_load, late, gather, last = starts
+    assert gather < late  # the swdge gather passes the waiting static-queue store
+    assert last >= late  # the final store is on the static queue, behind the waiting one

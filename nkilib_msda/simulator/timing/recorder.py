@@ -37,7 +37,9 @@ __all__ = ["Timeline", "TimingWarning", "CORE_RESOURCES", "COMPUTE_ENGINES", "NO
            "NODE_TRANSFER", "NODE_BARRIER"]
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync")
-QUEUES = ("queue_sync", "queue_act", "queue_swdge")
+QUEUES = ("queue_sync", "queue_act")  # hardware-DGE / trigger issue resources
+# DMA queues: each has its own in-order lane on every DMA engine (see core_resources)
+DMA_QUEUES = ("static", "sync", "act", "swdge")
 _P = {name: i for i, name in enumerate(PARAM_NAMES)}
 NODE_COMPUTE, NODE_ISSUE, NODE_TRANSFER, NODE_BARRIER = 0, 1, 2, 3
 _MAX_CHUNKS = 256
@@ -49,7 +51,12 @@ _INDIRECT_KINDS = frozenset({"indirect_gather", "indirect_scatter", "indirect_rm
 
 
 def core_resources(dma_engines: int) -> tuple[str, ...]:
-    return COMPUTE_ENGINES + QUEUES[:2] + tuple(f"dma{j}" for j in range(dma_engines))
+    """Resource names of one core: compute engines, issue queues, and one in-order lane per
+    (DMA queue, DMA engine) named ``"<queue>:dma<j>"``. Transfers of one queue follow each
+    other on an engine; transfers of different queues do not block each other (the engines
+    serve their queues round-robin); their shared bandwidth is bounded by ``Timing``."""
+    return COMPUTE_ENGINES + QUEUES + tuple(f"{q}:dma{j}" for q in DMA_QUEUES
+                                            for j in range(dma_engines))
 
 
 CORE_RESOURCES = core_resources(16)
@@ -444,7 +451,7 @@ class Timeline:
         desc_param = _P["dma_indirect_descriptor_ns"] if descriptors else _P["dma_descriptor_ns"]
         const = nbytes / engines / (hw.dma_bytes_per_ns * efficiency)
         terms = ((desc_param, count / engines),)
-        base = prog.res["dma0"]
+        base = prog.res[f"{queue}:dma0"]
         node, end = self._add(NODE_TRANSFER, program, base + e0, base + e1, const, terms,
                               _P["dma_fixed_latency_ns"], deps | {issue}, opcode, queue,
                               order=same_queue)
