@@ -93,9 +93,16 @@ class _Regions:
         self.r_id = np.full(shape, -1, dtype=np.int64)
 
 
+_FLAGS: dict[Any, tuple[bool, bool]] = {}
+
+
 def _dtype_flags(dtype: Any) -> tuple[bool, bool]:
-    name = str(dtype)
-    return name in _TWO_BYTE_FLOATS, name == "float32"
+    """(2-byte float, float32) of an NKI dtype."""
+    flags = _FLAGS.get(dtype)
+    if flags is None:
+        name = str(dtype)
+        flags = _FLAGS[dtype] = (name in _TWO_BYTE_FLOATS, name == "float32")
+    return flags
 
 
 class _Program:
@@ -104,8 +111,8 @@ class _Program:
     def __init__(self, base: int, names: tuple[str, ...]) -> None:
         self.base = base
         self.res = {name: base + i for i, name in enumerate(names)}
-        self.reads: list[_Access] = []
-        self.writes: list[_Access] = []
+        self.reads: list[tuple[Any, ...]] = []  # noted, resolved by Timeline._take
+        self.writes: list[tuple[Any, ...]] = []
 
 
 class TimingWarning(UserWarning):
@@ -163,9 +170,22 @@ class Timeline:
         self.failure: str | None = None  # the first recording error (see _guarded)
 
     # -- accesses ------------------------------------------------------------------------
-    @_guarded
     def note_view(self, program: int, t: Any, is_write: bool) -> None:
-        """A read or write of the static view ``t`` (shape, strides, offset in elements)."""
+        """A read or write of the static view ``t`` by the running instruction (resolved when
+        the instruction is recorded)."""
+        prog = self.programs[program]
+        (prog.writes if is_write else prog.reads).append((t,))
+
+    def note_raw(self, program: int, storage: Any, addr: Any, dtype: Any,
+                 is_write: bool) -> None:
+        """A read or write at element addresses ``addr`` (a slice or an int array)."""
+        prog = self.programs[program]
+        (prog.writes if is_write else prog.reads).append((storage, addr, dtype))
+
+    @staticmethod
+    def _view_access(t: Any) -> _Access | None:
+        """The region, partitions and operand facts of the static view ``t`` (shape,
+        strides, offset in elements)."""
         storage = t.storage
         itemsize = t.dtype.itemsize
         shape, strides, offset = t.shape, t.strides, t.offset
@@ -174,7 +194,7 @@ class Timeline:
         for n in shape:
             size *= n
         if size == 0:
-            return
+            return None
         on_chip = storage.buffer in ("sbuf", "psum")
         free_from = 1 if on_chip and shape else 0
         lo_e = hi_e = 0
@@ -210,14 +230,11 @@ class Timeline:
             lo, hi = (offset + lo_e) * itemsize, (offset + hi_e + 1) * itemsize
             p0, p1, parts, per = 0, 1, 1, size
         op = Operand(storage.buffer, two, contiguous, parts, per, f32)
-        acc = _Access(storage, lo, hi, p0, p1, size * itemsize, run * itemsize, op)
-        prog = self.programs[program]
-        (prog.writes if is_write else prog.reads).append(acc)
+        return _Access(storage, lo, hi, p0, p1, size * itemsize, run * itemsize, op)
 
-    @_guarded
-    def note_raw(self, program: int, storage: Any, addr: Any, dtype: Any,
-                 is_write: bool) -> None:
-        """A read or write at element addresses ``addr`` (a slice or an int array)."""
+    @staticmethod
+    def _raw_access(storage: Any, addr: Any, dtype: Any) -> _Access | None:
+        """The same for element addresses ``addr`` (a slice or an int array)."""
         itemsize = dtype.itemsize
         if isinstance(addr, slice):
             lo_e, hi_e = addr.start or 0, addr.stop
@@ -227,11 +244,11 @@ class Timeline:
             addr = np.asarray(addr)
             count = int(addr.size)
             if count == 0:
-                return
+                return None
             lo_e, hi_e = int(addr.min()), int(addr.max()) + 1
             contiguous = count == hi_e - lo_e
         if count <= 0:
-            return
+            return None
         two, f32 = _dtype_flags(dtype)
         if storage.buffer in ("sbuf", "psum"):
             ppe = max(storage.bytes_per_partition // itemsize, 1)
@@ -247,9 +264,7 @@ class Timeline:
             per = count
             run = count if contiguous else 1
         op = Operand(storage.buffer, two, contiguous, p1 - p0, per, f32)
-        acc = _Access(storage, lo, hi, p0, p1, count * itemsize, run * itemsize, op)
-        prog = self.programs[program]
-        (prog.writes if is_write else prog.reads).append(acc)
+        return _Access(storage, lo, hi, p0, p1, count * itemsize, run * itemsize, op)
 
     # -- dependencies ------------------------------------------------------------------------
     def _regions(self, program: int, storage: Any) -> _Regions:
@@ -278,15 +293,18 @@ class Timeline:
                 c1 = max(c0 + 1, -(-acc.hi // reg.chunk))
                 g0 = acc.p0 // _PARTITION_GROUP
                 g1 = max(g0 + 1, -(-acc.p1 // _PARTITION_GROUP))
-                box = (slice(g0, g1), slice(c0, c1))
+                single = g1 - g0 == 1 and c1 - c0 == 1
+                box: Any = (g0, c0) if single else (slice(g0, g1), slice(c0, c1))
                 spans.append((reg, box, is_write))
                 tables = ((reg.w_end, reg.w_id), (reg.r_end, reg.r_id)) if is_write \
                     else ((reg.w_end, reg.w_id),)
                 for ends, ids in tables:
-                    seg = ends[box]
-                    j = int(seg.argmax())
-                    row, col = divmod(j, seg.shape[1])
-                    node = int(ids[g0 + row, c0 + col])
+                    if single:
+                        node = int(ids[g0, c0])
+                    else:
+                        seg = ends[box]
+                        row, col = divmod(int(seg.argmax()), seg.shape[1])
+                        node = int(ids[g0 + row, c0 + col])
                     if node >= 0:
                         deps.add(node)
                         if not is_write:
@@ -301,6 +319,10 @@ class Timeline:
                 reg.w_id[box] = node
                 reg.r_end[box] = end
                 reg.r_id[box] = node
+            elif isinstance(box[0], int):  # one region: scalar update
+                if reg.r_end[box] < end:
+                    reg.r_end[box] = end
+                    reg.r_id[box] = node
             else:
                 seg = reg.r_end[box]
                 later = seg < end
@@ -345,10 +367,18 @@ class Timeline:
         return node, end
 
     def _take(self, program: int) -> tuple[list[_Access], list[_Access]]:
+        """The running instruction's reads and writes, resolved; clears them."""
         prog = self.programs[program]
-        reads, writes = prog.reads, prog.writes
+        noted = prog.reads, prog.writes
         prog.reads, prog.writes = [], []
-        return reads, writes
+        out: tuple[list[_Access], list[_Access]] = ([], [])
+        for entries, accesses in zip(noted, out):
+            for entry in entries:
+                acc = self._view_access(entry[0]) if len(entry) == 1 \
+                    else self._raw_access(*entry)
+                if acc is not None:
+                    accesses.append(acc)
+        return out
 
     @_guarded
     def compute(self, program: int, engine: str, opcode: str, elements: int) -> None:
@@ -461,7 +491,8 @@ class Timeline:
     def barrier(self, program: int) -> None:
         """``core_barrier`` of an LNC 2 run: when the last program arrives, one node on every
         resource of every core (a full drain and release)."""
-        self._take(program)
+        prog = self.programs[program]
+        prog.reads, prog.writes = [], []
         self._barrier_arrivals += 1
         if self._barrier_arrivals < self.num_programs:
             return
