@@ -5,13 +5,13 @@ access layer reports every read and write of the running instruction (:meth:`not
 :meth:`note_raw`); when the instruction is counted in the cost report, :meth:`compute` /
 :meth:`dma` turn the pending accesses into a node of the graph:
 
-- each engine (and DMA queue, and each of the 16 DMA engines) of each core is a *resource*
-  that runs its nodes in program order;
+- each compute engine, DMA issue queue and (DMA queue, DMA engine) lane of each core is a
+  *resource* that runs its nodes in program order (:func:`core_resources`);
 - a node starts when its resources are free and, plus a latency, when the nodes it depends
   on ended: read-after-write, write-after-read and write-after-write on the storage regions
-  it touches. Regions are tracked per storage in byte chunks (SBUF/PSUM: bytes within a
-  partition, all partitions together; HBM: flat bytes), at most ``_MAX_CHUNKS`` per storage,
-  so two accesses in one chunk are treated as overlapping (conservative). Shared-HBM regions
+  it touches. Regions are tracked per storage as a grid (SBUF/PSUM: groups of 8 partitions x
+  byte chunks of a partition; HBM: flat byte chunks), at most ``_MAX_CHUNKS`` chunks per
+  storage, so two accesses in one region are treated as overlapping (conservative). Shared-HBM regions
   are tracked per core: cross-core order comes only from ``core_barrier`` (a race-free
   kernel has no other);
 - a node's duration is linear in the unknown parameters (``constants.PARAMS``): a constant
@@ -33,8 +33,8 @@ from nkilib_msda.simulator.timing.constants import PARAM_NAMES, hardware_for, pa
 from nkilib_msda.simulator.timing.costs import (Operand, compute_cycles, matmul_cycles,
                                                 transpose_cycles)
 
-__all__ = ["Timeline", "TimingWarning", "CORE_RESOURCES", "COMPUTE_ENGINES", "NODE_COMPUTE", "NODE_ISSUE",
-           "NODE_TRANSFER", "NODE_BARRIER"]
+__all__ = ["Timeline", "TimingWarning", "CORE_RESOURCES", "COMPUTE_ENGINES", "DMA_QUEUES",
+           "NODE_COMPUTE", "NODE_ISSUE", "NODE_TRANSFER", "NODE_BARRIER", "core_resources"]
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync")
 QUEUES = ("queue_sync", "queue_act")  # hardware-DGE / trigger issue resources
