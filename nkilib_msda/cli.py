@@ -128,9 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         "profile", help="modelled Trainium timeline of one kernel (Chrome trace + PNG)",
         description="Run one NKI kernel in the emulator and write the timing model's Chrome "
                     "trace and a PNG timeline (docs/timing.md).")
-    profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET")
+    profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
+                         type=lambda name: PRESET_ALIASES.get(name, name),
+                         help="shape preset, as for `check` (default: %(default)s)")
     profile.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
-    profile.add_argument("--lnc", type=int, default=1, choices=[1, 2])
+    profile.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
+                         choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, else 1)")
     profile.add_argument("--target", default=None, choices=["trn2", "trn3"],
                          help="default: trn2 (or NEURON_PLATFORM_TARGET_OVERRIDE)")
     profile.add_argument("--out", default="profile", help="output directory (default: %(default)s)")

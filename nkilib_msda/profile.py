@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from nkilib_msda.inputs import PRESETS, make_grad_output, make_inputs
+from nkilib_msda.workloads import PRESETS, make_grad_output, make_inputs, resolve_preset
 
 __all__ = ["run_profile", "plot_timeline"]
 
@@ -23,7 +23,7 @@ def _simulate(kernel: str, preset: str, lnc: int, target: str | None, seed: int)
                                                                ms_deformable_attention_bwd)
     from nkilib_msda.simulator import simulate
 
-    case = PRESETS[preset]
+    case = PRESETS[resolve_preset(preset)]
     args = make_inputs(case, seed=seed)
     if kernel == "fwd":
         _, report = simulate(ms_deformable_attention, lnc=lnc, target=target, report=True)(**args)

@@ -373,7 +373,7 @@ TIMING_ENV = "NKILIB_MSDA_SIM_TIMING"
 
 def timing_enabled() -> bool:
     """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_SIM_TIMING=0``."""
-    return bool(env_flag(TIMING_ENV, default=True))
+    return bool(read_env(TIMING_ENV))
 
 
 def _is_abort(exc: BaseException) -> bool:
