@@ -21,7 +21,7 @@ SHAPES = ((4, 6), (3, 2))
 class Tiny(torch.nn.Module):
     def forward(self, value, loc, attn, blocks, w):
         out = nkilib_msda.multi_scale_deformable_attention(value, SHAPES, None, loc, attn)
-        from nkilib_msda.pytorch.block_attn_res import block_attn_res
+        from nkilib_msda.pytorch.block_attn_res_ops import block_attn_res
 
         h = block_attn_res(list(blocks.unbind(0)), w, enable_rmsnorm=False)
         return out, h

@@ -101,7 +101,7 @@ def check_module() -> None:
 
 def check_block_attn_res() -> None:
     """block_attn_res on neuron tensors launches the Block AttnRes kernels."""
-    from nkilib_msda.pytorch.block_attn_res import block_attn_res
+    from nkilib_msda.pytorch.block_attn_res_ops import block_attn_res
 
     g = torch.Generator().manual_seed(4)
     blocks = [torch.randn(1, 8, 16, generator=g) for _ in range(3)]

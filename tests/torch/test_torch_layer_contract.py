@@ -163,7 +163,7 @@ def test_autocast_region_computes_exactly_as_outside(backend, autocast_dtype):
 
 
 def test_block_attn_res_autocast_region_computes_exactly_as_outside():
-    from nkilib_msda.pytorch.block_attn_res import block_attn_res
+    from nkilib_msda.pytorch.block_attn_res_ops import block_attn_res
 
     g = torch.Generator().manual_seed(12)
     blocks = [torch.randn(2, 4, 16, generator=g) for _ in range(3)]

@@ -8,7 +8,7 @@ import torch
 
 import nkilib_msda
 from nkilib_msda import backends
-from nkilib_msda.pytorch import block_attn_res as bar
+from nkilib_msda.pytorch import block_attn_res_ops as bar
 from nkilib_msda.pytorch import dispatch, ops
 from _torch_inputs import make_inputs
 

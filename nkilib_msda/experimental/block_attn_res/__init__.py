@@ -18,8 +18,8 @@ from nkilib_msda.experimental.block_attn_res.validation import (
     validate_block_attn_res_args, validate_block_attn_res_backward_args)
 
 _LAZY = {
-    "block_attn_res": "nkilib_msda.pytorch.block_attn_res",
-    "block_attn_res_backward": "nkilib_msda.pytorch.block_attn_res",
+    "block_attn_res": "nkilib_msda.pytorch.block_attn_res_ops",
+    "block_attn_res_backward": "nkilib_msda.pytorch.block_attn_res_ops",
 }
 
 __all__ = [*_LAZY, "block_attn_res_fwd", "block_attn_res_bwd", "plan_forward", "plan_backward",
