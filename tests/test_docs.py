@@ -403,7 +403,7 @@ def test_api_hf_layer_matches_transformers():
 def test_api_block_attn_res():
     """§7."""
     pytest.importorskip("torch")
-    from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
+    from nkilib_msda import block_attn_res, block_attn_res_backward
     from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
 
     forward_doc = _documented_params("block_attn_res")

@@ -115,7 +115,7 @@ def test_backend_variable_typo_is_rejected(monkeypatch):
 
 def test_backend_variable_typo_is_rejected_by_block_attn_res(monkeypatch):
     torch = pytest.importorskip("torch")
-    from nkilib_msda.experimental.block_attn_res import block_attn_res
+    from nkilib_msda import block_attn_res
 
     blocks = [torch.randn(1, 2, 8) for _ in range(2)]
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", "nkki")

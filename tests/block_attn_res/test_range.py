@@ -17,7 +17,7 @@ from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_re
 
 torch = pytest.importorskip("torch")
 
-from nkilib_msda.experimental.block_attn_res import (  # noqa: E402
+from nkilib_msda import (  # noqa: E402
     block_attn_res, block_attn_res_backward)
 
 B, T, N, D, EPS = 1, 6, 3, 64, 1e-6

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
+from nkilib_msda import block_attn_res, block_attn_res_backward
 from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
 
 

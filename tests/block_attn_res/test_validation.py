@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
+from nkilib_msda import block_attn_res, block_attn_res_backward
 
 B, T, D = 2, 3, 8
 
