@@ -60,7 +60,7 @@ def run(shape_name: str, dtype_name: str, smoke: bool, bench) -> None:
 
     from nkilib_msda.backends import triton_backend as tb
     from nkilib_msda.bench_gpu import SHAPES, BenchShape
-    from nkilib_msda.validation import validate_msda_args
+    from nkilib_msda.validation.msda import validate_msda_args
 
     if smoke:
         shape = BenchShape("smoke", 1, 40, ((9, 11), (5, 6), (3, 3)), 2, heads=2, channels=8)

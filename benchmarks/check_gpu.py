@@ -17,7 +17,7 @@ import torch
 
 from nkilib_msda.backends import triton_backend as tb
 from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads, relative_l2
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.validation.msda import validate_msda_args
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 SHAPES_SMALL = ((13, 17), (7, 9), (4, 5))

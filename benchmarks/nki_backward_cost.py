@@ -24,7 +24,7 @@ from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd i
 from nkilib_msda.inputs import (  # noqa: E402
     MSDACase, make_inputs, numpy_dtype)
 from nkilib_msda.simulator import simulate  # noqa: E402
-from nkilib_msda.validation import validate_msda_args  # noqa: E402
+from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 
 LNC = 2
 CASES = [

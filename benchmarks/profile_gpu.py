@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
 from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
-from nkilib_msda.validation import validate_msda_args  # noqa: E402
+from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shape", default="ddetr_enc", choices=list(SHAPES))

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
     from nkilib_msda.backends import triton_backend as tb
     from nkilib_msda.bench_gpu import SHAPES
-    from nkilib_msda.validation import MSDAProblem
+    from nkilib_msda.validation.msda import MSDAProblem
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

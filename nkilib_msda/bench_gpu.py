@@ -134,7 +134,7 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
 
     from nkilib_msda.backends import triton_backend as tb
     from nkilib_msda.grid_sample_reference import msda_grid_sample
-    from nkilib_msda.validation import validate_msda_args
+    from nkilib_msda.validation.msda import validate_msda_args
 
     value, loc, attn, grad = inputs
     problem = validate_msda_args(value, shape.levels, None, loc, attn)
@@ -466,7 +466,7 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, only=""
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.validation import validate_msda_args
+    from nkilib_msda.validation.msda import validate_msda_args
 
     task = -1
     for shape_name in shapes:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESETS, make_grad_output, make_inputs
-from nkilib_msda.validation import dtype_name
+from nkilib_msda.validation.msda import dtype_name
 
 # Tolerances of the kernel issues: max|err| / max|ref| and relative L2.
 FORWARD_TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-5}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from msda_cases import MSDACase, with_
 from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.validation.msda import validate_msda_args
 from test_backward import (GRAD_NAMES, PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients,
                            relative_error, run_bwd, tolerances)
 

@@ -9,7 +9,7 @@ import pytest
 
 from nkilib_msda.experimental.deformable_attention.backward_config import (
     FP32_EXACT_INT_MAX, PARTITIONS, TRN2_USABLE_SBUF_BYTES, buffer_index, make_backward_config)
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
 

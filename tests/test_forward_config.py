@@ -9,7 +9,7 @@ import pytest
 from nkilib_msda.experimental.deformable_attention.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES, TRN2_SBUF_BUDGET,
     build_forward_config)
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 TRN2_SBUF_PER_PARTITION = 224 * 1024
 

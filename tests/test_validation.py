@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nkilib_msda.validation import MSDAProblem, dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 
 SHAPES = ((2, 3), (1, 2))  # L = 8
 B, N_Q, N_H, C_H, N_L, N_P = 2, 5, 3, 4, 2, 2

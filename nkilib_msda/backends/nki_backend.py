@@ -32,7 +32,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from nkilib_msda.validation import MSDAProblem, dtype_name
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 __all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
            "msda_backward", "run_in_simulator", "call_forward_kernel", "call_backward_kernel",
@@ -310,7 +310,7 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
 
 def block_attn_res_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the Block AttnRes kernels cannot take tensors of ``device`` and ``dtype``."""
-    from nkilib_msda.experimental.block_attn_res.validation import KERNEL_DTYPES
+    from nkilib_msda.validation.block_attn_res import KERNEL_DTYPES
 
     reason = _device_reason(device)
     if reason is not None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nkilib_msda._env import env_flag
-from nkilib_msda.validation import MSDAProblem, dtype_name
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
 _INT32_MAX = 2**31 - 1

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from nkilib_msda.backends import BLOCK_ATTN_RES_BACKENDS, get_backend
-from nkilib_msda.experimental.block_attn_res.validation import (
+from nkilib_msda.validation.block_attn_res import (
     KERNEL_DTYPES, validate_block_attn_res_args, validate_block_attn_res_backward_args)
 from nkilib_msda.pytorch._modes import autocast_disabled
 from nkilib_msda.pytorch.dispatch import AUTO, select_block_attn_res_backend

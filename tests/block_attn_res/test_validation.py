@@ -121,7 +121,7 @@ def test_backward_without_rmsnorm_needs_no_gamma_or_rms():
 def test_numpy_arrays_are_checked_too():
     import numpy as np
 
-    from nkilib_msda.experimental.block_attn_res.validation import validate_block_attn_res_args
+    from nkilib_msda.validation.block_attn_res import validate_block_attn_res_args
 
     blocks = [np.zeros((B, T, D), np.float32)] * 3
     problem = validate_block_attn_res_args(blocks, np.zeros(D, np.float32), blocks[0],

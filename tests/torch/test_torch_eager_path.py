@@ -16,7 +16,7 @@ import nkilib_msda
 from nkilib_msda.pytorch import eager, ops  # noqa: F401 - ops registers the operators
 from nkilib_msda.pytorch.problem_cache import (clear_problem_cache, spatial_shapes_tuple,
                                                validated_problem)
-from nkilib_msda.validation import normalize_spatial_shapes, validate_msda_args
+from nkilib_msda.validation.msda import normalize_spatial_shapes, validate_msda_args
 from _torch_inputs import make_inputs
 
 MSDA = nkilib_msda.multi_scale_deformable_attention

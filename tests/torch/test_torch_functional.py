@@ -8,7 +8,7 @@ import torch
 import nkilib_msda
 from nkilib_msda.backends import BackendUnavailableError, get_backend, nki_backend, reference_torch
 from nkilib_msda.pytorch import dispatch
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs
 
 MSDA = nkilib_msda.multi_scale_deformable_attention

@@ -17,7 +17,7 @@ import torch
 import nkilib_msda
 from nkilib_msda.backends import nki_backend
 from nkilib_msda.reference import ms_deformable_attention_ref
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs
 
 MSDA = nkilib_msda.multi_scale_deformable_attention

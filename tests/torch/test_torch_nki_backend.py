@@ -9,7 +9,7 @@ import torch
 
 import nkilib_msda
 from nkilib_msda.backends import nki_backend
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs
 
 MSDA = nkilib_msda.multi_scale_deformable_attention
@@ -137,7 +137,7 @@ def test_nki_backend_accepts_exactly_what_the_kernel_planners_accept():
     import torch
 
     from nkilib_msda.backends import nki_backend
-    from nkilib_msda.validation import validate_msda_args
+    from nkilib_msda.validation.msda import validate_msda_args
 
     def reason(shapes, heads):
         total = sum(h * w for h, w in shapes)

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref  # noqa: E402
-from nkilib_msda.validation import validate_msda_args  # noqa: E402
+from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 
 SHAPES = ((5, 7), (3, 4))
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

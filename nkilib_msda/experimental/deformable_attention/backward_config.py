@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from nkilib_msda.experimental.kernel_commons import (
     DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, SBUF_USABLE_BYTES)
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
 MAX_DMA_COMPUTE_SOURCES = 16

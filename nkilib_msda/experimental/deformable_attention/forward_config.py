@@ -42,7 +42,7 @@ from typing import Any, Optional
 from nkilib_msda.experimental.kernel_commons import (
     FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES)
 from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
     "ForwardConfig", "QueryTile", "ReduceGroup", "build_forward_config", "TRN2_SBUF_BUDGET",

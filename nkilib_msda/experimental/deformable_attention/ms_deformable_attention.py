@@ -56,7 +56,7 @@ from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, build_forward_config)
-from nkilib_msda.validation import MSDAProblem, dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention", "forward_config_for"]
 

@@ -40,7 +40,7 @@ from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier, core_info, usable_sbuf_bytes
-from nkilib_msda.validation import dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nkilib_msda.validation import dtype_name
+from nkilib_msda.validation.msda import dtype_name
 
 __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
            "validate_block_attn_res_args", "validate_block_attn_res_backward_args"]
