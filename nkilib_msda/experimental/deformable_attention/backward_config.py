@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nkilib_msda.experimental.kernel_commons import (
+from nkilib_msda.hardware import (
     DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, SBUF_USABLE_BYTES)
 from nkilib_msda.validation.msda import MSDAProblem
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from nkilib_msda.experimental.kernel_commons import (
+from nkilib_msda.hardware import (
     FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES)
-from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
