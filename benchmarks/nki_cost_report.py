@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
-    forward_config_for, ms_deformable_attention)
+    plan_forward_from_args, ms_deformable_attention)
 from nkilib_msda.inputs import S4, MSDACase, make_inputs
 from nkilib_msda.reference import ms_deformable_attention_ref
 from nkilib_msda.simulator import simulate
@@ -33,7 +33,7 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 def measure(case: MSDACase, gather: str, lnc: int) -> dict:
     args = make_inputs(case)
-    cfg = forward_config_for(**args, gather_method=gather, lnc=lnc)
+    cfg = plan_forward_from_args(**args, gather_method=gather, lnc=lnc)
     start = time.perf_counter()
     out, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(
         **args, gather_method=gather)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from msda_cases import MSDACase, with_
-from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from nkilib_msda.validation.msda import validate_msda_args
 from test_backward import (GRAD_NAMES, PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients,
@@ -26,7 +26,7 @@ def config_for(grad, args, lnc=1, **kw):
                                  grad_output=grad)
     names = ("gather_method", "max_gather_indices_per_indirect", "max_scatter_indices_per_indirect",
              "num_scatter_buffers")
-    return make_backward_config(problem, str(args["value"].dtype), lnc, **{k: kw[k] for k in names if k in kw})
+    return plan_backward(problem, str(args["value"].dtype), lnc, **{k: kw[k] for k in names if k in kw})
 
 
 # ------------------------------------------------------------------ knob matrix

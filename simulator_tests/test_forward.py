@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from msda_cases import (BASIC_CASES, BEVFORMER_FAST, BEVFORMER_SLOW, MSDACase, assert_close,
                         make_inputs, with_)
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
-    forward_config_for, ms_deformable_attention)
+    plan_forward_from_args, ms_deformable_attention)
 from nkilib_msda.reference import ms_deformable_attention_ref
 from nkilib_msda.simulator import simulate
 
@@ -52,7 +52,7 @@ def test_dtypes_and_gather_methods(value_dtype, gather, layout):
     c = MSDACase(num_queries=200, spatial_shapes=SMALL_LEVELS, value_layout=layout,
                  value_dtype=value_dtype, param_dtype="float32" if value_dtype == "float32"
                  else "float16")
-    cfg = forward_config_for(**make_inputs(c), gather_method=gather)
+    cfg = plan_forward_from_args(**make_inputs(c), gather_method=gather)
     assert cfg.gather_method == ("copy" if value_dtype == "float32" else gather)
     check_case(c, lnc=1, gather_method=gather)
 
@@ -78,7 +78,7 @@ def test_batched_gathers(cap):
     c = MSDACase(num_queries=140, num_heads=4, num_points=3, spatial_shapes=SMALL_LEVELS,
                  locations_layout="B2QHLP")
     args = make_inputs(c)
-    cfg = forward_config_for(**args, max_indices_per_indirect=cap)
+    cfg = plan_forward_from_args(**args, max_indices_per_indirect=cap)
     assert cfg.dma_cols_per_instruction <= cap // 128
     out, rep = run_kernel(args, lnc=1, report=True, max_indices_per_indirect=cap)
     assert_close(out, ms_deformable_attention_ref(**args), c.value_dtype)
@@ -235,7 +235,7 @@ def test_cost_report_traffic_is_compulsory(gather, layout):
     c = MSDACase(num_queries=512, num_heads=4, num_points=3, spatial_shapes=SMALL_LEVELS,
                  locations_layout=layout)
     args = make_inputs(c)
-    cfg = forward_config_for(**args, gather_method=gather, lnc=2)
+    cfg = plan_forward_from_args(**args, gather_method=gather, lnc=2)
     out, rep = run_kernel(args, lnc=2, report=True, gather_method=gather)
     assert_close(out, ms_deformable_attention_ref(**args), c.value_dtype)
     samples = c.batch * c.num_queries * c.num_heads * c.num_levels * c.num_points

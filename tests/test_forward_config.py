@@ -8,7 +8,7 @@ import pytest
 
 from nkilib_msda.experimental.deformable_attention.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES, TRN2_SBUF_BUDGET,
-    build_forward_config)
+    plan_forward)
 from nkilib_msda.validation.msda import MSDAProblem
 
 TRN2_SBUF_PER_PARTITION = 224 * 1024
@@ -40,7 +40,7 @@ def test_every_supported_shape_fits_trn2(heads, head_dim, levels, points, dtype,
     p = problem(queries=20000, heads=heads, head_dim=head_dim, points=points,
                 levels=((7, 9),) * levels)
     for lnc in (1, 2):
-        cfg = build_forward_config(p, dtype, lnc=lnc, gather_method=gather)
+        cfg = plan_forward(p, dtype, lnc=lnc, gather_method=gather)
         assert cfg.sbuf_bytes <= TRN2_SBUF_BUDGET
         assert cfg.psum_bytes <= PSUM_BYTES
         if cfg.gather_method == "transpose":
@@ -51,7 +51,7 @@ def test_every_supported_shape_fits_trn2(heads, head_dim, levels, points, dtype,
 
 
 def test_sbuf_accounting_matches_the_listed_buffers():
-    cfg = build_forward_config(problem(), "bfloat16")
+    cfg = plan_forward(problem(), "bfloat16")
     n = cfg.samples(cfg.q_pack)
     bufs = cfg.sbuf_buffers()
     assert bufs["coord_scratch"] == (COORD_SCRATCH_WORDS * n * 4, 1)
@@ -62,7 +62,7 @@ def test_sbuf_accounting_matches_the_listed_buffers():
 @pytest.mark.parametrize("queries,lnc", [(1, 1), (1, 2), (127, 1), (128, 2), (263, 2),
                                          (501, 1), (1000, 2), (18000, 2), (40000, 1)])
 def test_tiles_cover_each_core_range_exactly(queries, lnc):
-    cfg = build_forward_config(problem(queries=queries), "bfloat16", lnc=lnc)
+    cfg = plan_forward(problem(queries=queries), "bfloat16", lnc=lnc)
     covered = []
     for core in range(lnc):
         lo, hi = cfg.core_range(core)
@@ -77,9 +77,9 @@ def test_tiles_cover_each_core_range_exactly(queries, lnc):
 
 
 def test_q_pack_is_a_power_of_two_and_only_with_full_tiles():
-    small = build_forward_config(problem(queries=255), "bfloat16", lnc=1)
+    small = plan_forward(problem(queries=255), "bfloat16", lnc=1)
     assert small.q_pack == 1
-    big = build_forward_config(problem(queries=18000), "bfloat16", lnc=2)
+    big = plan_forward(problem(queries=18000), "bfloat16", lnc=2)
     assert big.q_pack >= 2 and big.q_pack & (big.q_pack - 1) == 0
     assert -(-18000 // 2) >= big.q_pack * PARTITIONS
 
@@ -87,7 +87,7 @@ def test_q_pack_is_a_power_of_two_and_only_with_full_tiles():
 @pytest.mark.parametrize("heads,head_dim,points,levels", [
     (8, 32, 8, 4), (1, 8, 1, 1), (4, 256, 4, 4), (16, 512, 8, 8), (2, 144, 3, 5)])
 def test_reduce_groups_cover_every_column_once(heads, head_dim, points, levels):
-    cfg = build_forward_config(problem(heads=heads, head_dim=head_dim, points=points,
+    cfg = plan_forward(problem(heads=heads, head_dim=head_dim, points=points,
                                        levels=((3, 3),) * levels, queries=1024), "bfloat16")
     for q_pack in {1, cfg.q_pack}:
         cols = []
@@ -108,7 +108,7 @@ def test_reduce_groups_cover_every_column_once(heads, head_dim, points, levels):
 
 @pytest.mark.parametrize("cap,cols", [(None, 32), (128, 1), (1000, 7), (4096, 32), (1 << 20, 128)])
 def test_max_indices_per_indirect_caps_dma_columns(cap, cols):
-    cfg = build_forward_config(problem(), "bfloat16", max_indices_per_indirect=cap)
+    cfg = plan_forward(problem(), "bfloat16", max_indices_per_indirect=cap)
     assert cfg.stack == 4                                     # C_h = 32: 4 columns per PE transpose
     assert cfg.dma_cols == min(cols * cfg.stack, cfg.group_cols_max)
     assert cfg.dma_cols_per_instruction == min(cols, -(-cfg.group_cols_max // cfg.stack))
@@ -117,30 +117,30 @@ def test_max_indices_per_indirect_caps_dma_columns(cap, cols):
 
 @pytest.mark.parametrize("head_dim,stack", [(8, 16), (32, 4), (48, 2), (64, 2), (65, 1), (256, 1)])
 def test_stacking_fills_the_partitions_of_a_pe_transpose(head_dim, stack):
-    cfg = build_forward_config(problem(head_dim=head_dim), "float16")
+    cfg = plan_forward(problem(head_dim=head_dim), "float16")
     assert cfg.stack == stack and (stack == 1 or stack * head_dim <= PARTITIONS)
     assert cfg.psum_cols % cfg.stack == 0 or cfg.psum_cols == cfg.group_cols_max
-    assert build_forward_config(problem(head_dim=head_dim), "float16",
+    assert plan_forward(problem(head_dim=head_dim), "float16",
                                 gather_method="copy").stack == 1
 
 
 def test_copy_path_uses_one_index_column_per_dma():
-    cfg = build_forward_config(problem(), "bfloat16", gather_method="copy")
+    cfg = plan_forward(problem(), "bfloat16", gather_method="copy")
     assert cfg.gather_method == "copy" and cfg.dma_cols == 1 and cfg.psum_bytes == 0
 
 
 def test_row_index_limit_is_enforced():
     ok = problem(levels=((1024, 1023),), heads=16)          # L * N_h just below 2^24
-    build_forward_config(ok, "bfloat16")
+    plan_forward(ok, "bfloat16")
     too_big = problem(levels=((1024, 1024),), heads=16)     # L * N_h = 2^24
     with pytest.raises(ValueError, match=r"L \* N_h .* 2\^24"):
-        build_forward_config(too_big, "bfloat16")
+        plan_forward(too_big, "bfloat16")
 
 
 def test_element_offsets_beyond_2_24_are_fine():
     p = problem(levels=((512, 512), (256, 256)), heads=8, head_dim=64)
     assert p.total_pixels * p.num_heads * p.head_dim >= 1 << 24
-    build_forward_config(p, "bfloat16")
+    plan_forward(p, "bfloat16")
 
 
 @pytest.mark.parametrize("kw,err,match", [
@@ -151,22 +151,22 @@ def test_element_offsets_beyond_2_24_are_fine():
 ])
 def test_bad_options(kw, err, match):
     with pytest.raises(err, match=match):
-        build_forward_config(problem(), "bfloat16", **kw)
+        plan_forward(problem(), "bfloat16", **kw)
 
 
 def test_reflection_is_rejected():
     with pytest.raises(ValueError, match="padding_mode"):
-        build_forward_config(problem(padding_mode="reflection"), "bfloat16")
+        plan_forward(problem(padding_mode="reflection"), "bfloat16")
 
 
 def test_transpose_rejects_head_dim_beyond_a_psum_bank():
     with pytest.raises(ValueError, match="C_h"):
-        build_forward_config(problem(head_dim=2048), "bfloat16", gather_method="transpose")
-    assert build_forward_config(problem(head_dim=2048, heads=1), "bfloat16",
+        plan_forward(problem(head_dim=2048), "bfloat16", gather_method="transpose")
+    assert plan_forward(problem(head_dim=2048, heads=1), "bfloat16",
                                 gather_method="copy").gather_method == "copy"
 
 
 def test_impossible_shape_names_the_sbuf_limit():
     huge = problem(heads=64, points=64, levels=((2, 2),) * 16)
     with pytest.raises(ValueError, match="SBUF"):
-        build_forward_config(huge, "bfloat16")
+        plan_forward(huge, "bfloat16")

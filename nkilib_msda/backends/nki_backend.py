@@ -76,16 +76,16 @@ def _device_reason(device: torch.device) -> str | None:
 
 def forward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
     """The first gather method the forward planner accepts; raises its error if none does."""
-    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
+    from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
 
-    return _first_plannable(lambda m: build_forward_config(problem, value_dtype, gather_method=m))
+    return _first_plannable(lambda m: plan_forward(problem, value_dtype, gather_method=m))
 
 
 def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
     """The first gather method the backward planner accepts; raises its error if none does."""
-    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+    from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 
-    return _first_plannable(lambda m: make_backward_config(problem, value_dtype, gather_method=m))
+    return _first_plannable(lambda m: plan_backward(problem, value_dtype, gather_method=m))
 
 
 def _first_plannable(plan: Callable[[str], Any]) -> str:

@@ -295,7 +295,7 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
     return tuple(tiles)
 
 
-def make_backward_config(
+def plan_backward(
     problem: MSDAProblem,
     value_dtype: str,
     lnc: int = 1,

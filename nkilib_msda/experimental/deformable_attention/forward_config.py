@@ -45,7 +45,7 @@ from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
-    "ForwardConfig", "QueryTile", "ReduceGroup", "build_forward_config", "TRN2_SBUF_BUDGET",
+    "ForwardConfig", "QueryTile", "ReduceGroup", "plan_forward", "TRN2_SBUF_BUDGET",
     "FP32_EXACT_INT_MAX", "PARTITIONS", "COORD_SCRATCH_WORDS", "DEFAULT_DMA_COLS",
     "MAX_Q_PACK", "PSUM_BANK_BYTES", "PSUM_BYTES", "TRANSPOSE_MAX_CHANNELS",
 ]
@@ -262,7 +262,7 @@ def _group_candidates(cols_per_slot: int, num_slots: int, head_dim: int) -> list
     return sorted(set(cands), reverse=True)
 
 
-def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
+def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
                          gather_method: str = "transpose",
                          max_indices_per_indirect: Optional[int] = None,
                          sbuf_budget: int = TRN2_SBUF_BUDGET,

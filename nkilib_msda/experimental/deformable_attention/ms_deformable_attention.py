@@ -43,7 +43,7 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
 - Accumulation is fp32; the store DMA casts once to the value dtype.
 
 Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
-:func:`forward_config.build_forward_config` before any instruction is emitted.
+:func:`forward_config.plan_forward` before any instruction is emitted.
 """
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ from nkilib_msda.experimental.deformable_attention import _sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.forward_config import (
-    COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, build_forward_config)
+    COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 
-__all__ = ["ms_deformable_attention", "forward_config_for"]
+__all__ = ["ms_deformable_attention", "plan_forward_from_args"]
 
 _PARAM_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def forward_config_for(value: Any, spatial_shapes: Any, level_start_index: Any,
+def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: Any,
                        sampling_locations: Any, attention_weights: Any,
                        value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
                        align_corners: bool = False, padding_mode: str = "zeros",
@@ -79,7 +79,7 @@ def forward_config_for(value: Any, spatial_shapes: Any, level_start_index: Any,
         if dtype_name(t.dtype) not in _PARAM_DTYPES:
             raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 for the NKI "
                             f"kernel, got {dtype_name(t.dtype)}")
-    return build_forward_config(problem, dtype_name(value.dtype), lnc=lnc,
+    return plan_forward(problem, dtype_name(value.dtype), lnc=lnc,
                                 gather_method=gather_method,
                                 max_indices_per_indirect=max_indices_per_indirect)
 
@@ -319,7 +319,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
                 store(out[b, tile], cast(acc, value.dtype))
     """
     lnc, core = core_info()
-    cfg = forward_config_for(value, spatial_shapes, level_start_index, sampling_locations,
+    cfg = plan_forward_from_args(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, value_layout, sampling_locations_layout,
                              align_corners, padding_mode, max_indices_per_indirect,
                              gather_method, lnc)

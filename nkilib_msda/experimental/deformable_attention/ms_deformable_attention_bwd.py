@@ -37,7 +37,7 @@ from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
-from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier, core_info, usable_sbuf_bytes
 from nkilib_msda.validation.msda import dtype_name, validate_msda_args
@@ -162,7 +162,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     buffers_per_core = None
     if grad_value_buffers_in != None and len(grad_value_buffers_in.shape) == 4:  # noqa: E711
         buffers_per_core = max(1, grad_value_buffers_in.shape[1] // lnc)
-    cfg = make_backward_config(
+    cfg = plan_backward(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
         bool(compute_grad_attention_weights), usable_sbuf_bytes(), buffers_per_core)
