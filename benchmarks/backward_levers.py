@@ -59,7 +59,7 @@ def run(shape_name: str, dtype_name: str, smoke: bool, bench) -> None:
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, BenchShape
+    from bench_gpu import SHAPES, BenchShape
     from nkilib_msda.validation.msda import validate_msda_args
 
     if smoke:

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import nkilib_msda  # noqa: E402
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
+from bench_gpu import SHAPES, make_inputs  # noqa: E402
 from nkilib_msda.pytorch.problem_cache import validated_problem  # noqa: E402
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
+from bench_gpu import SHAPES, make_inputs  # noqa: E402
 from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 
 parser = argparse.ArgumentParser()

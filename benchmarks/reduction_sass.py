@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     import triton
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES
+    from bench_gpu import SHAPES
     from nkilib_msda.validation.msda import MSDAProblem
 
     parser = argparse.ArgumentParser(description=__doc__,

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from nkilib_msda.check import compare
+from nkilib_msda.tools.check import compare
 
 from nkilib_msda.inputs import (  # noqa: F401
     PRESETS, S4, MSDACase, make_inputs, numpy_dtype)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from nkilib_msda.cli import build_parser, main
+from nkilib_msda.tools.cli import build_parser, main
 
 
 def test_info_reports_versions_and_emulator(capsys):
@@ -87,7 +87,7 @@ def test_check_help_describes_every_preset_with_a_time():
     ({"preset": "tiny", "dtype": "float8"}, "dtype: expected one of"),
 ])
 def test_run_check_rejects_bad_arguments_with_value_error(kwargs, needle):
-    from nkilib_msda.check import run_check
+    from nkilib_msda.tools.check import run_check
 
     with pytest.raises(ValueError, match=needle):
         run_check(echo=lambda *_: None, **kwargs)

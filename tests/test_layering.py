@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("kernels", ["experimental.*"]),
     ("backends", ["backends", "backends.*"]),
     ("torch layer", ["pytorch", "pytorch.*"]),
-    ("tools", ["tools", "tools.*", "cli", "check", "bench_gpu"]),
+    ("tools", ["tools", "tools.*"]),
     ("package face", ["", "_torch_ops", "__main__"]),
 ]
 
@@ -247,7 +247,7 @@ def test_checker_sees_function_level_and_lazy_edges() -> None:
     "def later():\n    import nkilib_msda.backends\n",
     "import importlib\nimportlib.import_module('nkilib_msda.pytorch.ops')\n",
     "from nkilib_msda._lazy import lazy_exports\n"
-    "__getattr__, __dir__ = lazy_exports(__name__, {'f': 'nkilib_msda.cli'})\n",
+    "__getattr__, __dir__ = lazy_exports(__name__, {'f': 'nkilib_msda.tools.cli'})\n",
 ])
 def test_a_planted_upward_import_fails(tmp_path: Path, planted: str) -> None:
     copy = tmp_path / PKG

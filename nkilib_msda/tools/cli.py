@@ -62,7 +62,7 @@ def _available_backends() -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from nkilib_msda.check import run_check
+    from nkilib_msda.tools.check import run_check
 
     ok = run_check(preset=args.preset, dtype=args.dtype, param_dtype=args.param_dtype,
                    value_layout=args.value_layout, sampling_locations_layout=args.locations_layout,
