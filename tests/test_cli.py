@@ -91,3 +91,22 @@ def test_run_check_rejects_bad_arguments_with_value_error(kwargs, needle):
 
     with pytest.raises(ValueError, match=needle):
         run_check(echo=lambda *_: None, **kwargs)
+
+
+def test_bench_runs_the_checkout_harness(capsys):
+    """`bench` loads benchmarks/bench_gpu.py of the source checkout (not part of the wheel)."""
+    from nkilib_msda.tools import cli
+
+    assert cli.BENCH_SCRIPT.is_file()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0
+    assert "--shapes" in capsys.readouterr().out
+
+
+def test_bench_without_a_checkout_says_so(capsys, monkeypatch, tmp_path):
+    from nkilib_msda.tools import cli
+
+    monkeypatch.setattr(cli, "BENCH_SCRIPT", tmp_path / "benchmarks" / "bench_gpu.py")
+    assert main(["bench"]) == 2
+    assert "source repository" in capsys.readouterr().err
