@@ -133,7 +133,7 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.grid_sample_reference import msda_grid_sample
+    from nkilib_msda.reference.grid_sample import msda_grid_sample
     from nkilib_msda.validation.msda import validate_msda_args
 
     value, loc, attn, grad = inputs
@@ -210,7 +210,7 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
     """impl -> {mode: relative L2 error} against float64 grid_sample (+ autograd)."""
     import torch
 
-    from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads, relative_l2
+    from nkilib_msda.reference.grid_sample import msda_grid_sample_with_grads, relative_l2
 
     value, loc, attn, grad = inputs
     ref = msda_grid_sample_with_grads(value.double(), shape.levels, loc.double(), attn.double(),

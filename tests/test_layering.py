@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("base: version, environment, lazy names, hardware facts",
      ["_version", "_env", "_lazy", "hardware"]),
     ("problem types and validation", ["validation", "validation.*"]),
-    ("references and workloads", ["reference", "reference.*", "grid_sample_reference", "inputs", "workloads", "tolerances"]),
+    ("references and workloads", ["reference", "reference.*", "inputs", "workloads", "tolerances"]),
     ("planners (plain Python, no NKI)",
      ["experimental", "experimental.deformable_attention.forward_config",
       "experimental.deformable_attention.backward_config", "experimental.block_attn_res.tiling"]),
