@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -137,3 +138,29 @@ def test_deterministic_variable_is_parsed(monkeypatch):
     monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "sure")
     with pytest.raises(ValueError, match="^NKILIB_MSDA_DETERMINISTIC: expected .*got 'sure'"):
         triton_backend._resolve_deterministic(None)
+
+
+def test_renamed_emulator_strict_variable_keeps_the_old_name_with_a_warning(monkeypatch):
+    from nkilib_msda._env import env_flag
+
+    monkeypatch.delenv("NKILIB_MSDA_EMULATOR_STRICT", raising=False)
+    monkeypatch.setenv("NKILIB_MSDA_SIM_STRICT", "1")
+    with pytest.warns(DeprecationWarning, match="NKILIB_MSDA_SIM_STRICT is deprecated"):
+        assert env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=False) is True
+    monkeypatch.setenv("NKILIB_MSDA_SIM_STRICT", "maybe")
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="^NKILIB_MSDA_SIM_STRICT: "):
+        env_flag("NKILIB_MSDA_EMULATOR_STRICT")
+    monkeypatch.setenv("NKILIB_MSDA_EMULATOR_STRICT", "0")  # the new name wins, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=True) is False
+
+
+def test_old_emulated_lnc_variable_warns(monkeypatch):
+    pytest.importorskip("torch")
+    from nkilib_msda.backends.nki_backend import lnc_degree
+
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", "2")
+    with pytest.warns(DeprecationWarning, match="set NEURON_LOGICAL_NC_CONFIG"):
+        assert lnc_degree() == 2

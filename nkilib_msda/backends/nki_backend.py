@@ -26,6 +26,7 @@ dtypes).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable
 
 import ml_dtypes
@@ -164,13 +165,15 @@ def _lnc_from(var: str, raw: str) -> int:
 
 def lnc_degree() -> int:
     """The LNC degree for kernel launches: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), else the
-    older ``NKILIB_MSDA_SIM_LNC`` (emulator only), else 1. Anything else raises ValueError
+    deprecated ``NKILIB_MSDA_SIM_LNC`` (emulator only; DeprecationWarning), else 1. Anything else raises ValueError
     naming the variable."""
     raw = os.environ.get(LNC_ENV_VAR)
     if raw is not None and raw.strip():
         return _lnc_from(LNC_ENV_VAR, raw)
     legacy = os.environ.get(LEGACY_SIM_LNC_ENV_VAR)
     if legacy is not None and legacy.strip():
+        warnings.warn(f"{LEGACY_SIM_LNC_ENV_VAR} is deprecated: set {LNC_ENV_VAR} instead",
+                      DeprecationWarning, stacklevel=2)
         return _lnc_from(LEGACY_SIM_LNC_ENV_VAR, legacy)
     return 1
 

@@ -5,7 +5,7 @@ them). Every write maintains the storage's "written" mask. Reading an element th
 written is undefined behaviour on hardware; as in the official simulator, new allocations
 hold NaN / the integer fill pattern and such reads simply return it
 (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/nki_simulator.html).
-In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_SIM_STRICT=1``) the read
+In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_EMULATOR_STRICT=1``) the read
 raises NkiError "uninitialized read".
 
 Cross-core races (LNC 2): every read and write of a ``shared_hbm`` storage (inputs, outputs,

@@ -349,7 +349,7 @@ class _Runner:
 
 
 def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
-    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_SIM_STRICT."""
+    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_EMULATOR_STRICT."""
     if strict is None:
         strict = kernel.options.get("strict")
     if strict is None:
@@ -359,7 +359,7 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
     return strict
 
 
-STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
+STRICT_ENV = "NKILIB_MSDA_EMULATOR_STRICT"  # old name NKILIB_MSDA_SIM_STRICT: see _env
 
 
 def _is_abort(exc: BaseException) -> bool:
@@ -409,7 +409,7 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
       (no neuronxcc imports, no nl.divide/mod/fmod; see source_rules.py).
     - is_operator: accepted for compatibility and ignored (NKI 0.7 allows `is` / `is not`).
     - strict: uninitialised reads and hazard warnings raise NkiError (default: the kernel's
-      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_SIM_STRICT=1``, else off; read at call time).
+      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_EMULATOR_STRICT=1``, else off; read at call time).
     Arguments: NumPy arrays, or CPU torch tensors (then outputs are torch tensors too).
     """
     if not isinstance(kernel, JitKernel):
