@@ -1,5 +1,5 @@
 """The package's kernel tests run the emulator in strict mode: an uninitialised read or any
-hazard warning (NkiHazardWarning) fails the test (docs/simulator.md, "Memory, hazards and
+hazard warning (NkiHazardWarning) fails the test (docs/emulator.md, "Memory, hazards and
 strict mode")."""
 
 from __future__ import annotations

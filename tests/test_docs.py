@@ -1,6 +1,6 @@
 """The docs are true of the code.
 
-(a) Every ```python block of README.md, examples/README.md, docs/simulator.md and
+(a) Every ```python block of README.md, examples/README.md, docs/emulator.md and
     docs/block_attn_res.md runs as
     written. Blocks elide some inputs (``value, spatial_shapes, ...``, ``query, ...``); the
     harness below supplies small random ones, chosen by what the block calls, and then checks
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/simulator.md", "docs/block_attn_res.md")
+DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/emulator.md", "docs/block_attn_res.md")
 
 
 # ----------------------------------------------------------------------------- (a) snippets

@@ -330,7 +330,7 @@ def partition_info(t: Any) -> tuple[int, int, int]:
 
 
 def check_compute_partitions(instruction: str, *tensors: Any) -> None:
-    """Compute-engine partition rule (docs/simulator.md): <= 128 partitions, and the
+    """Compute-engine partition rule (docs/emulator.md): <= 128 partitions, and the
     start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32); and at
     most ``MAX_COMPUTE_FREE_LEVELS`` free access-pattern levels (§3, §7a.4)."""
     for t in tensors:

@@ -2,7 +2,7 @@
 
 It is *not* a timing: it counts instructions, elements, DMA bytes and descriptors, and the
 peak on-chip memory. Engines overlap on hardware and DMA cost depends on queues and
-descriptor sizes, none of which the emulator models (docs/simulator.md).
+descriptor sizes, none of which the emulator models (docs/emulator.md).
 """
 
 from __future__ import annotations

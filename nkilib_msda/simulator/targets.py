@@ -1,4 +1,4 @@
-"""Hardware targets and their capacities (docs/simulator.md)."""
+"""Hardware targets and their capacities (docs/emulator.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from nkilib_msda.simulator.errors import nki_error
 __all__ = ["Target", "TARGETS", "get_target", "default_target_name"]
 
 KIB = 1024
-# The runtime reserves 16 KiB per partition for dynamic-DMA scratch (docs/simulator.md):
+# The runtime reserves 16 KiB per partition for dynamic-DMA scratch (docs/emulator.md):
 # trn2 224 KiB - 16 KiB = 212,992 B usable ("~207 KiB" once nki-library also keeps 8 B and
 # its identity tile, which kernels allocate themselves and are counted as they do).
 DYNAMIC_DMA_SCRATCH_BYTES = 16 * KIB

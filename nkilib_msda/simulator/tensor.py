@@ -471,7 +471,7 @@ class NkiTensor(_ViewBase):
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None,
            scalar_offset: Any = None, vector_offset: Any = None, indirect_dim: int = 0,
            dtype: Any = None) -> "NkiTensor | IndirectAccess | DynamicAccess":
-        """Explicit access pattern over this tensor's storage (see docs/simulator.md)."""
+        """Explicit access pattern over this tensor's storage (see docs/emulator.md)."""
         return _make_ap(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
 
 
@@ -683,7 +683,7 @@ _VIEW_METHODS = ("slice", "select", "permute", "broadcast", "expand_dim", "squee
 
 class _DynamicViewBase(_ViewBase):
     """Dynamic (indirect / scalar-offset / dynamic-select) views are terminal: the indirect dim
-    cannot be sliced afterwards and a tensor takes one indirection (docs/simulator.md)."""
+    cannot be sliced afterwards and a tensor takes one indirection (docs/emulator.md)."""
 
     def __getitem__(self, key: Any) -> Any:
         raise nki_error("tensor indexing", "dynamic view",

@@ -1,4 +1,4 @@
-"""The simulator package imports in one direction (docs/simulator.md, "Memory, hazards and
+"""The simulator package imports in one direction (docs/emulator.md, "Memory, hazards and
 strict mode" > Layering).
 
 The graph is built from the AST of every module, function-level imports included, so an

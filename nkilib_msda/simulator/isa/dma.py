@@ -1,9 +1,9 @@
-"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (docs/simulator.md).
+"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (docs/emulator.md).
 
 Every operand is resolved to (storage, dtype, element addresses, valid mask); the
 instruction is then one NumPy gather -> (cast / sum) -> scatter.
 
-Conservative choices where the docs are silent (also in docs/simulator.md):
+Conservative choices where the docs are silent (also in docs/emulator.md):
 - Raw ints for enum parameters are rejected (§7a.5 "raw-int enums").
 - ``oob_mode.skip`` is only accepted when one operand is dynamic (vector_offset,
   scalar_offset or a dynamic select), for all three instructions.

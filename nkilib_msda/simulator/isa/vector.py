@@ -1,4 +1,4 @@
-"""Vector-engine instructions (and their GpSimd / ScalarE variants), docs/simulator.md
+"""Vector-engine instructions (and their GpSimd / ScalarE variants), docs/emulator.md
 
 Engine auto-selection (``engine=nisa.engine.unknown``) is deterministic:
 - ``tensor_tensor``: ``nl.power`` -> GpSimd; an arithmetic op whose inputs and output are
