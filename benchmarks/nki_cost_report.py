@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/nki_cost_report.py [--lnc 2] > table.md
 
-For each shape and gather method it runs the kernel in the simulator with ``report=True``,
+For each shape and gather method it runs the kernel in the emulator with ``report=True``,
 checks the output against the float64 reference, and prints a markdown table with
 - indirect descriptors per sampled point (B * N_q * N_h * N_l * N_p) and bytes per descriptor,
 - HBM bytes of the parameter loads and the output store versus their compulsory size,

@@ -1,4 +1,4 @@
-"""Shared MSDA simulator-test cases and checks (forward and backward kernels).
+"""Shared MSDA emulator-test cases and checks (forward and backward kernels).
 
 Inputs follow the upstream test matrix (docs/kernels.md, "Tests"; see ``nkilib_msda.inputs``):
 value ~ N(0,1) in the value dtype, locations ~ U[0,1), weights ~ U[0.1,1) normalised over

@@ -1,4 +1,4 @@
-"""NKI backward kernel in the simulator against the float64 reference (same rounded inputs).
+"""NKI backward kernel in the emulator against the float64 reference (same rounded inputs).
 
 Tolerance per gradient: max|g - ref| / max|ref| <= 2.5e-2 for 2-byte values (1e-2 for
 grad_value, which accumulates in fp32 buffers and is rounded once) and 1e-4 for fp32 values.

@@ -1,4 +1,4 @@
-"""Block AttnRes NKI kernels in the simulator vs the float64 reference.
+"""Block AttnRes NKI kernels in the emulator vs the float64 reference.
 
 Cascade as in PyPTO: kernel forward -> fp32 caches -> kernel backward, each compared with the
 float64 golden computed on the same (rounded) inputs. Inputs: randn blocks and grad_h,

@@ -1,4 +1,4 @@
-"""NKI forward kernel in the simulator against the float64 reference (same rounded inputs)."""
+"""NKI forward kernel in the emulator against the float64 reference (same rounded inputs)."""
 
 from __future__ import annotations
 

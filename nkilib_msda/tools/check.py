@@ -1,4 +1,4 @@
-"""`nkilib-msda check`: run the NKI kernels in the simulator and compare with the float64 reference."""
+"""`nkilib-msda check`: run the NKI kernels in the emulator and compare with the float64 reference."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
               align_corners: bool = False, padding_mode: str = "zeros", lnc: int = 1,
               gather_method: str | None = None, backward: bool = True, seed: int = 0,
               show_report: bool = True, echo=print) -> bool:
-    """Run forward (and backward) kernels in the simulator on a preset; print errors and costs."""
+    """Run forward (and backward) kernels in the emulator on a preset; print errors and costs."""
     from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 
     if preset not in PRESETS:

@@ -57,7 +57,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _available_backends() -> list[str]:
     if importlib.util.find_spec("torch") is None:
-        return ["nki kernels via the simulator (install the `torch` extra for the torch backends)"]
+        return ["nki kernels via the emulator (install the `torch` extra for the torch backends)"]
     from nkilib_msda.backends import backend_availability
 
     return [f"{name}: {status}" for name, status in backend_availability().items()]

@@ -1,6 +1,6 @@
 """Torch layer of Block AttnRes: reference backend vs the NumPy reference, flag-dependent returns,
 gradcheck (float64), the registered ops (opcheck, torch.compile), and the "nki" backend
-(kernels in the simulator) inside a training step."""
+(kernels in the emulator) inside a training step."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_registered_ops_opcheck_and_compile():
 @pytest.mark.parametrize("rms_on", [True, False])
 def test_nki_backend_training_step_matches_reference(lnc, rms_on, monkeypatch):
     """Two SGD steps through the op: bf16 blocks from a linear layer, fp32 weights. At every
-    step, the "nki" backend (kernels in the simulator) is compared with the "reference" backend
+    step, the "nki" backend (kernels in the emulator) is compared with the "reference" backend
     on the same parameters: h and every parameter gradient."""
     monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", lnc)
     torch.manual_seed(0)
@@ -181,7 +181,7 @@ def test_nki_backend_functions_match_reference_backend():
 
 
 def test_opcheck_nki_backend():
-    """Fake kernels and autograd registration agree with the nki (simulator) implementation."""
+    """Fake kernels and autograd registration agree with the nki (emulator) implementation."""
     blocks, partial_block, w, gamma = _inputs(2, True, 1, 40, 64, torch.bfloat16)
     values = torch.stack([*blocks, partial_block]).requires_grad_()
     w32, g32 = w.float().requires_grad_(), gamma.float().requires_grad_()
