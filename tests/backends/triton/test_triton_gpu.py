@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _load_check_gpu():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "check_gpu.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "check_gpu.py"
     spec = importlib.util.spec_from_file_location("nkilib_check_gpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="triton is an optional dependency (pip inst
 pytest.importorskip("torch")
 
 CASES_SCRIPT = Path(__file__).with_name("_interpreter_cases.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CASE_NAMES = [
     "fp32_blnc_zeros",
     "fp32_bnlc_b2qhlp_border_align_c6",

@@ -23,7 +23,7 @@ from nkilib_msda.simulator import simulate as _simulate
 
 
 def simulate(kernel, **kwargs):
-    """The emulator with its default source rules (strict mode from simulator_tests/conftest.py)."""
+    """The emulator with its default source rules (strict mode from tests/experimental/conftest.py)."""
     return _simulate(kernel, **kwargs)
 
 

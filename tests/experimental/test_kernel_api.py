@@ -27,7 +27,7 @@ from nkilib_msda.simulator import simulate
 from nkilib_msda.simulator.isa import dma as sim_dma
 from nkilib_msda.simulator.tensor import NkiTensor
 
-KERNEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "nkilib_msda" / "experimental"
+KERNEL_DIR = pathlib.Path(__file__).resolve().parents[2] / "nkilib_msda" / "experimental"
 LEVELS = ((6, 5), (3, 4))
 
 

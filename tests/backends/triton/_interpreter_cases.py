@@ -3,7 +3,7 @@
 Each case draws fresh random inputs, runs the Triton backend on CPU tensors through the
 interpreter and compares forward and all gradients with the NumPy float64 reference on the
 same rounded inputs (relative L2). Prints one JSON object {case: {"ok", "errors", "note"}}.
-Usage: TRITON_INTERPRET=1 python tests/triton/_interpreter_cases.py [case ...]
+Usage: TRITON_INTERPRET=1 python tests/backends/triton/_interpreter_cases.py [case ...]
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ POISON = (np.inf, np.nan, -np.inf)   # per head
 
 @pytest.fixture(autouse=True)
 def _strict_emulator(monkeypatch):
-    """Kernel runs here are strict like simulator_tests/ (uninitialised reads fail), where the
+    """Kernel runs here are strict like the other kernel tests (uninitialised reads fail), where the
     emulator has a strict mode."""
     strict_env = getattr(_sim_jit, "STRICT_ENV", None)
     if strict_env:
