@@ -24,7 +24,7 @@ from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd i
 from nkilib_msda.inputs import make_grad_output
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 from nkilib_msda.simulator import simulate
-from test_block_attn_res_kernels import make_problem
+from block_attn_res_cases import make_problem
 
 LEVELS = ((6, 5), (3, 4), (2, 7))
 CASE = MSDACase(num_queries=512, num_heads=2, num_points=2, spatial_shapes=LEVELS)

@@ -18,7 +18,7 @@ import pytest
 from nkilib_msda.experimental.block_attn_res.block_attn_res_bwd import block_attn_res_bwd
 from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_attn_res_fwd
 from nkilib_msda.simulator.report import CostReport
-from test_block_attn_res_kernels import make_problem, run_cascade, simulate
+from block_attn_res_cases import make_problem, run_cascade, simulate
 
 
 @pytest.fixture
