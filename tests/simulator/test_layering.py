@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled"}),
     ("memory", {"memory"}),
     ("context", {"context"}),
-    ("tensors and views", {"tensor"}),
+    ("tensors and views", {"geometry", "dynamic_views", "tensor"}),
     ("operand access", {"access"}),
     ("ALU semantics", {"alu"}),
     ("instruction support", {"isa._operands", "isa.enums"}),
