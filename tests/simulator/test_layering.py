@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("tensors and views", {"geometry", "dynamic_views", "tensor"}),
     ("operand access", {"access"}),
     ("ALU semantics", {"alu"}),
-    ("instruction support", {"isa._operands", "isa.enums"}),
+    ("instruction support", {"isa._operands", "isa._dma_operands", "isa.enums"}),
     ("instructions", {"isa", "isa.dma", "isa.vector", "isa.scalar", "isa.gpsimd",
                       "isa.tensor_engine", "isa.sync", "isa.scalars", "isa.constants"}),
     ("nl namespace", {"language", "lnc"}),
