@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("operand access", {"access"}),
     ("ALU semantics", {"alu"}),
     ("instruction support", {"isa._operands", "isa._dma_operands", "isa.enums"}),
-    ("instructions", {"isa", "isa.dma", "isa.vector", "isa.scalar", "isa.gpsimd",
+    ("instructions", {"isa", "isa.dma", "isa.vector", "isa.vector_reduce", "isa.scalar", "isa.gpsimd",
                       "isa.tensor_engine", "isa.sync", "isa.scalars", "isa.constants"}),
     ("nl namespace", {"language", "lnc"}),
     ("nl wrappers", {"wrappers"}),
