@@ -5,16 +5,12 @@
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
 
-import torch  # noqa: E402
-
-from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from bench_gpu import SHAPES, make_inputs  # noqa: E402
-from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
+from nkilib_msda.backends import triton_backend as tb
+from bench_gpu import SHAPES, make_inputs
+from nkilib_msda.validation.msda import validate_msda_args
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shape", default="ddetr_enc", choices=list(SHAPES))

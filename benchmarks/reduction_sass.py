@@ -20,7 +20,6 @@ import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 _POINTER_ARGS = {"grad_out_ptr": "io", "value_ptr": "io", "loc_ptr": "io", "attn_ptr": "io",
                  "shapes_ptr": "i32", "starts_ptr": "i32", "grad_value_ptr": "fp32",
