@@ -1,7 +1,7 @@
 """The "nki" backend: the NKI kernels, in the emulator for CPU tensors and on the device for
 TorchNeuron's ``neuron`` tensors.
 
-- CPU tensors: the kernels run in the package's emulator (:func:`run_in_simulator`); tensors
+- CPU tensors: the kernels run in the package's emulator (:func:`run_in_emulator`); tensors
   are converted to NumPy (bfloat16 through ``ml_dtypes.bfloat16``) and back.
 - ``neuron`` tensors: the ``@nki.jit`` kernels are called directly on the device tensors, which
   is how torch-neuronx runs NKI kernels in eager mode (it compiles each new combination of
@@ -36,7 +36,7 @@ import torch
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 __all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
-           "msda_backward", "run_in_simulator", "call_forward_kernel", "call_backward_kernel",
+           "msda_backward", "run_in_emulator", "call_forward_kernel", "call_backward_kernel",
            "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "set_device_launcher",
            "kernel_call", "forward_gather_method", "backward_gather_method",
            "SUPPORTED_VALUE_DTYPES", "PADDING_MODES", "block_attn_res_unsupported_reason",
@@ -178,7 +178,7 @@ def lnc_degree() -> int:
     return 1
 
 
-def run_in_simulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
+def run_in_emulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
     """Wrap an ``@nki.jit`` kernel so it takes and returns torch tensors, running on CPU.
 
     Tensor arguments become NumPy arrays (HBM tensors in the emulator); ``None`` and other
@@ -226,7 +226,7 @@ def kernel_call(kernel: Any, device: torch.device) -> Callable[..., Any]:
     launcher otherwise. The LNC degree is validated first."""
     degree = lnc_degree()
     if device.type == "cpu":
-        return run_in_simulator(kernel, degree)
+        return run_in_emulator(kernel, degree)
     return _device_launcher(kernel)
 
 

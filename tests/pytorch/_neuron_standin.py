@@ -111,7 +111,7 @@ def install_emulator_launcher() -> None:
             LAUNCHES.append(getattr(kernel, "__name__", str(kernel)))
             cpu_args = tree_map(_unwrap, args)
             cpu_kwargs = tree_map(_unwrap, kwargs)
-            return tree_map(_wrap, nki_backend.run_in_simulator(kernel)(*cpu_args, **cpu_kwargs))
+            return tree_map(_wrap, nki_backend.run_in_emulator(kernel)(*cpu_args, **cpu_kwargs))
 
         return call
 
