@@ -1,6 +1,6 @@
 """NumPy emulator of NKI 0.8 (Neuron 2.34): ``nki``, ``nki.language``, ``nki.isa``, ``nki.lnc``.
 
-See docs/simulator.md. :func:`install_as_nki` registers the emulator under the ``nki`` module
+See docs/emulator.md. :func:`install_as_nki` registers the emulator under the ``nki`` module
 names so unmodified third-party kernels (``import nki.language as nl``) run on it.
 """
 

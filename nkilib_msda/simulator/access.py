@@ -5,7 +5,7 @@ them). Every write maintains the storage's "written" mask. Reading an element th
 written is undefined behaviour on hardware; as in the official simulator, new allocations
 hold NaN / the integer fill pattern and such reads simply return it
 (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/nki_simulator.html).
-In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_SIM_STRICT=1``) the read
+In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_EMULATOR_STRICT=1``) the read
 raises NkiError "uninitialized read".
 
 Cross-core races (LNC 2): every read and write of a ``shared_hbm`` storage (inputs, outputs,
@@ -352,7 +352,7 @@ def partition_info(t: Any) -> tuple[int, int, int]:
 
 
 def check_compute_partitions(instruction: str, *tensors: Any) -> None:
-    """Compute-engine partition rule (docs/simulator.md): <= 128 partitions, and the
+    """Compute-engine partition rule (docs/emulator.md): <= 128 partitions, and the
     start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32); and at
     most ``MAX_COMPUTE_FREE_LEVELS`` free access-pattern levels (§3, §7a.4)."""
     for t in tensors:

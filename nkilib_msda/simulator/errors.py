@@ -6,7 +6,7 @@ reads ``"<instruction>: <rule>: <detail>"``, so tests and users see which instru
 which rule without parsing text.
 
 Hazards (legal per AWS's hardware-tested kernels, but outside what the docs promise) are
-:class:`NkiHazardWarning`\\ s issued by :func:`hazard`; in strict mode (see docs/simulator.md,
+:class:`NkiHazardWarning`\\ s issued by :func:`hazard`; in strict mode (see docs/emulator.md,
 "Memory, hazards and strict mode") :func:`hazard` raises the equivalent NkiError instead.
 """
 

@@ -357,7 +357,7 @@ class _Runner:
 
 
 def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
-    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_SIM_STRICT."""
+    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_EMULATOR_STRICT."""
     if strict is None:
         strict = kernel.options.get("strict")
     if strict is None:
@@ -367,12 +367,12 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
     return strict
 
 
-STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
-TIMING_ENV = "NKILIB_MSDA_SIM_TIMING"
+STRICT_ENV = "NKILIB_MSDA_EMULATOR_STRICT"  # old name NKILIB_MSDA_SIM_STRICT: see _env
+TIMING_ENV = "NKILIB_MSDA_EMULATOR_TIMING"
 
 
 def timing_enabled() -> bool:
-    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_SIM_TIMING=0``."""
+    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_EMULATOR_TIMING=0``."""
     return bool(read_env(TIMING_ENV))
 
 
@@ -423,7 +423,7 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
       (no neuronxcc imports, no nl.divide/mod/fmod; see source_rules.py).
     - is_operator: accepted for compatibility and ignored (NKI 0.7 allows `is` / `is not`).
     - strict: uninitialised reads and hazard warnings raise NkiError (default: the kernel's
-      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_SIM_STRICT=1``, else off; read at call time).
+      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_EMULATOR_STRICT=1``, else off; read at call time).
     Arguments: NumPy arrays, or CPU torch tensors (then outputs are torch tensors too).
     """
     if not isinstance(kernel, JitKernel):

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, cast
 
-from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.experimental.kernel_commons import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
+from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.hardware import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
 
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]

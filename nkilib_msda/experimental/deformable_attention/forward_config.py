@@ -39,14 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from nkilib_msda.experimental.kernel_commons import (
+from nkilib_msda.hardware import (
     DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
     PSUM_BYTES)
-from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
-    "ForwardConfig", "QueryTile", "ReduceGroup", "build_forward_config", "TRN2_SBUF_BUDGET",
+    "ForwardConfig", "QueryTile", "ReduceGroup", "plan_forward", "TRN2_SBUF_BUDGET",
     "FP32_EXACT_INT_MAX", "PARTITIONS", "COORD_SCRATCH_WORDS", "DEFAULT_DMA_COLS",
     "MAX_Q_PACK", "PSUM_BANK_BYTES", "PSUM_BYTES", "TRANSPOSE_MAX_CHANNELS",
 ]
@@ -260,11 +260,11 @@ def _group_candidates(cols_per_slot: int, num_slots: int, head_dim: int) -> list
     return sorted(set(cands), reverse=True)
 
 
-def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
-                         gather_method: str = "transpose",
-                         max_indices_per_indirect: Optional[int] = None,
-                         sbuf_budget: int = TRN2_SBUF_BUDGET,
-                         max_q_pack: int = MAX_Q_PACK) -> ForwardConfig:
+def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
+                 gather_method: str = "transpose",
+                 max_indices_per_indirect: Optional[int] = None,
+                 sbuf_budget: int = TRN2_SBUF_BUDGET,
+                 max_q_pack: int = MAX_Q_PACK) -> ForwardConfig:
     """Choose the forward tiling for ``problem`` (see the module docstring)."""
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc}")
