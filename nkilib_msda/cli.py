@@ -198,7 +198,8 @@ EXIT_CODES_HELP = """exit codes:
   1    check: a tolerance was exceeded
   2    bad arguments or environment variables (one line on stderr)
   130  interrupted (Ctrl-C; one line on stderr)
-  141  the reader of stdout went away (e.g. `| head -n 1`); nothing more is printed"""
+  141  the reader of stdout went away (e.g. `| head -n 1`); nothing more is printed
+       (--help and --version exit 0 then, as argparse ignores that write error)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
