@@ -122,6 +122,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("NKILIB_MSDA_SIM_STRICT", "on/off (default off)",
            "emulator strict mode, see [docs/simulator.md](docs/simulator.md)",
            lambda: env_flag("NKILIB_MSDA_SIM_STRICT", default=False)),
+    EnvVar("NKILIB_MSDA_SIM_TIMING", "on/off (default on)",
+           "emulator timing model for `simulate(..., report=True)` (`report.timing`, "
+           "[docs/timing.md](docs/timing.md)); off skips recording",
+           lambda: env_flag("NKILIB_MSDA_SIM_TIMING", default=True)),
     EnvVar("NEURON_LOGICAL_NC_CONFIG", "`1` (default), `2`",
            "LNC degree of every NKI launch, on Neuron devices and in the emulator; set it to the "
            "`--lnc` your graph is compiled with (neuronx-cc defaults to 2 on Trn2)",
@@ -145,6 +149,14 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TRITON_INTERPRET", "`1` to enable",
            "Triton's CPU interpreter: the triton backend runs on CPU tensors (tests only)",
            lambda: _external_flag("TRITON_INTERPRET"), owner="Triton"),
+    EnvVar("USE_HUB_KERNELS", "transformers' switch (default on)",
+           "`0`/`no`/`false`/`off`: transformers' kernel-hub hook is off, so `register_hf_kernels` "
+           "warns that `kernels.kernelize` will not swap in nkilib_msda",
+           lambda: _raw("USE_HUB_KERNELS"), owner="transformers"),
+    EnvVar("DISABLE_KERNEL_MAPPING", "the `kernels` package's switch (default unset)",
+           "set (not `0`): `kernels.kernelize` keeps every original forward, so "
+           "`register_hf_kernels` warns",
+           lambda: _raw("DISABLE_KERNEL_MAPPING"), owner="kernels"),
 )}
 
 

@@ -208,7 +208,8 @@ def test_defaults_and_case(monkeypatch):
         "NKILIB_MSDA_BACKEND": "auto", "NKILIB_MSDA_NKI": "auto", "NKILIB_MSDA_SIM_STRICT": False,
         "NEURON_LOGICAL_NC_CONFIG": None, "NKILIB_MSDA_SIM_LNC": None,
         "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
-        "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False}
+        "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False,
+        "NKILIB_MSDA_SIM_TIMING": True, "USE_HUB_KERNELS": "", "DISABLE_KERNEL_MAPPING": ""}
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", " Reference ")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3")
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
