@@ -12,12 +12,13 @@ from nkilib_msda.validation import dtype_name
 from nkilib_msda.workloads import (PRESET_DESCRIPTIONS, PRESETS, Comparison, compare,
                                    make_grad_output, make_inputs, resolve_preset, tolerance)
 
-__all__ = ["run_check", "run_forward", "run_backward", "compare", "Comparison"]
+__all__ = ["run_check", "run_forward", "run_backward", "msda_progress", "compare", "Comparison"]
 
 
-def _progress(args: dict, desc: str, show: bool) -> Any:
-    """The emulator's progress bar for one kernel: queries done, read off attention_weights,
-    which both kernels read once per query tile (simulator/progress.py)."""
+def msda_progress(args: dict, desc: str, show: bool = True) -> Any:
+    """``simulate``'s ``progress=`` for an MSDA kernel on ``make_inputs`` arguments: queries
+    done, read off attention_weights, which both kernels read once per query tile
+    (simulator/progress.py); False when ``show`` is False."""
     from nkilib_msda.simulator import Progress
 
     if not show:
@@ -35,7 +36,7 @@ def run_forward(args: dict, lnc: int = 1, progress: bool = False, **kernel_kwarg
 
     start = time.perf_counter()
     out, report = simulate(ms_deformable_attention, lnc=lnc, report=True,
-                           progress=_progress(args, "forward", progress))(**args, **kernel_kwargs)
+                           progress=msda_progress(args, "forward", progress))(**args, **kernel_kwargs)
     return out, report, time.perf_counter() - start
 
 
@@ -47,7 +48,7 @@ def run_backward(grad_output: np.ndarray, args: dict, lnc: int = 1, progress: bo
 
     start = time.perf_counter()
     *grads, report = simulate(ms_deformable_attention_bwd, lnc=lnc, report=True,
-                              progress=_progress(args, "backward", progress))(
+                              progress=msda_progress(args, "backward", progress))(
         grad_output, **args, **kernel_kwargs)
     return tuple(grads), report, time.perf_counter() - start
 
