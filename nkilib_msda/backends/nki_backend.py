@@ -89,16 +89,27 @@ def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
 
 
 def _first_plannable(plan: Callable[[str], Any]) -> str:
-    error: ValueError | None = None
+    """The first of GATHER_METHODS that ``plan`` accepts; else ValueError with every method's
+    reason (the torch API has no ``gather_method=``: the backend tries them all)."""
+    reasons = []
     for method in GATHER_METHODS:
         try:
             plan(method)
         except ValueError as exc:
-            error = error or exc
+            reason = _without_method_hint(str(exc)).removeprefix(f"gather_method={method!r}: ")
+            reasons.append(f"gather_method={method!r}: {reason}")
             continue
         return method
-    assert error is not None
-    raise error
+    raise ValueError("no gather method fits (the backend tried each): " + "; ".join(reasons)
+                     + ". Change the shape as the reasons say, or run this call on another "
+                       "backend (backend='reference', or 'triton' on CUDA)")
+
+
+def _without_method_hint(reason: str) -> str:
+    """A kernel-API reason without its "use gather_method=..." advice, which the torch API
+    cannot follow (the methods are all tried)."""
+    head, sep, hint = reason.rpartition("; use gather_method=")
+    return head if sep else reason
 
 
 def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,

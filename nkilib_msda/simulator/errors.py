@@ -18,7 +18,8 @@ from typing import Any
 from nkilib_msda._env import EnvironmentVariableError
 
 __all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard",
-           "OtherProgramAborted", "NkiEnvironmentVariableError", "env_error"]
+           "OtherProgramAborted", "NkiEnvironmentVariableError", "env_error",
+           "NkiArgumentError", "argument_error"]
 
 
 class NkiError(Exception):
@@ -46,6 +47,17 @@ def _rebuild_error(cls: type, message: str, instruction: str, rule: str,
 class NkiEnvironmentVariableError(NkiError, EnvironmentVariableError):
     """A bad environment variable met by the emulator: an NkiError (the emulator's rule
     errors) and the package's one EnvironmentVariableError (a ValueError) alike."""
+
+
+class NkiArgumentError(NkiError, ValueError):
+    """A caller's argument that cannot be passed to a kernel (an empty array, a dtype NKI
+    lacks): an NkiError, and a ValueError like every error the caller's arguments cause."""
+
+
+def argument_error(rule: str, detail: str) -> NkiArgumentError:
+    """``"kernel arguments: <rule>: <detail>"`` as an :class:`NkiArgumentError`."""
+    return NkiArgumentError(f"kernel arguments: {rule}: {detail}", instruction="kernel arguments",
+                            rule=rule, detail=detail)
 
 
 def env_error(instruction: str, rule: str, cause: EnvironmentVariableError,

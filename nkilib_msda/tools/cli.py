@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.metadata
 import importlib.util
+import os
 import platform
 import runpy
 import sys
@@ -32,35 +33,74 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _version_of(module: str) -> str:
-    if importlib.util.find_spec(module) is None:
-        return "not installed"
+def _version_of(distribution: str) -> str:
+    """The installed version from package metadata: nothing is imported, so `info` stays fast."""
     try:
-        return getattr(importlib.import_module(module), "__version__", "installed")
-    except Exception as exc:  # noqa: BLE001 - report, don't crash `info`
-        return f"import failed ({type(exc).__name__})"
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from nkilib_msda import _nki
-
     print(f"nkilib_msda {__version__}")
     print(f"python {platform.python_version()} on {platform.machine()} ({platform.system()})")
-    for module in ("numpy", "ml_dtypes", "torch", "triton", "transformers"):
-        print(f"{module:<13} {_version_of(module)}")
-    print(f"nki          {_nki.backend_name()}")
+    for distribution in ("numpy", "ml_dtypes", "tqdm", "torch", "triton", "transformers"):
+        print(f"{distribution:<13} {_version_of(distribution)}")
+    print(f"nki          {_nki_name()}")
     print("torch backends:")
     for line in _available_backends():
         print(f"  {line}")
     return 0
 
 
-def _available_backends() -> list[str]:
-    if importlib.util.find_spec("torch") is None:
-        return ["nki kernels via the emulator (install the `torch` extra for the torch backends)"]
-    from nkilib_msda.backends import backend_availability
+def _nki_name() -> str:
+    """Which NKI the kernels use; the real ``nki`` is imported only where it is installed."""
+    if read_env("NKILIB_MSDA_NKI") == "emulator" or importlib.util.find_spec("nki") is None:
+        return "nkilib_msda emulator"
+    from nkilib_msda import _nki
 
-    return [f"{name}: {status}" for name, status in backend_availability().items()]
+    return _nki.backend_name()
+
+
+def _available_backends() -> list[str]:
+    """What each torch backend can run on, from installed packages and a CUDA driver query
+    (torch, triton and the kernels are not imported: `info` answers in well under a second)."""
+    if importlib.util.find_spec("torch") is None:
+        return ["none: install the `torch` extra (the NKI kernels still run in the emulator on "
+                "NumPy arrays)"]
+    lines = ["reference: available (CPU and any torch device)",
+             "nki: available (" + ("Neuron devices and " if _nki_name() != "nkilib_msda emulator"
+                                   else "") + "CPU tensors through the emulator)"]
+    if importlib.util.find_spec("triton") is None:
+        lines.append("triton: not installed (install the `gpu` extra on a CUDA machine)")
+    else:
+        devices = cuda_device_count()
+        if devices:
+            lines.append(f"triton: available ({devices} CUDA device{'s' * (devices > 1)})")
+        else:
+            lines.append("triton: installed, no CUDA device (CPU tensors only under "
+                         "TRITON_INTERPRET=1, for tests)")
+    return lines
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process, asked of the NVIDIA driver (libcuda) directly,
+    as torch would, without importing torch; 0 without a driver or device."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcuda.so.1", ctypes.util.find_library("cuda")):
+        if not name:
+            continue
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -70,8 +110,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                    value_layout=args.value_layout, sampling_locations_layout=args.locations_layout,
                    align_corners=args.align_corners, padding_mode=args.padding_mode, lnc=args.lnc,
                    gather_method=args.gather_method, backward=not args.forward_only, seed=args.seed,
-                   show_report=not args.no_report)
+                   show_report=not args.no_report, progress=not args.quiet,
+                   echo=_quiet_echo if args.quiet else print)
     return 0 if ok else 1
+
+
+def _quiet_echo(line: str = "") -> None:
+    """`check --quiet`: the CHECK PASSED / CHECK FAILED line and the rows that failed."""
+    if line.startswith("CHECK ") or line.endswith("| FAIL |"):
+        print(line)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -100,7 +147,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
 
-    parser = _Parser(prog="nkilib-msda", description=__doc__)
+    parser = _Parser(prog="nkilib-msda", description=__doc__, epilog=EXIT_CODES_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -131,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
     check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
+    check.add_argument("--quiet", "-q", action="store_true",
+                       help="print only the result line (and failed rows), no progress bar; "
+                            "without it, runs longer than 2 s show a "
+                            "progress bar on stderr when stderr is a terminal")
     check.add_argument("--seed", type=_non_negative_int, default=0,
                        help="random seed of the inputs, >= 0 (default: %(default)s)")
     check.set_defaults(func=cmd_check)
@@ -158,29 +210,65 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _preset_table() -> str:
-    from nkilib_msda.workloads import (PRESET_ALIASES, PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME,
-                                       PRESETS)
+    from nkilib_msda.workloads import (PRESET_ALIASES, PRESET_DESCRIPTIONS, PRESET_EMULATOR_MEMORY,
+                                       PRESET_EMULATOR_TIME, PRESETS)
 
-    lines = ["presets (emulator time for forward + backward, roughly):"]
+    lines = ["presets (emulator time and peak memory for forward + backward at LNC 1, roughly;",
+             "--lnc 2 takes about as long and up to ~1.5x the memory):"]
     for name in sorted(PRESETS):
-        lines.append(f"  {name:<19} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+        lines.append(f"  {name:<19} {PRESET_EMULATOR_TIME[name]:>6} {PRESET_EMULATOR_MEMORY[name]:>7}"
+                     f"  {PRESET_DESCRIPTIONS[name]}")
     lines.append("older names still accepted: " + ", ".join(
         f"{old} = {new}" for old, new in sorted(PRESET_ALIASES.items())))
     return "\n".join(lines)
 
 
+# Exit codes, listed by `nkilib-msda --help`. 130 and 141 are what a shell reports for a
+# program ended by SIGINT / SIGPIPE (128 + signal number), so pipelines and `set -o pipefail`
+# treat nkilib-msda like any Unix tool.
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+EXIT_CODES_HELP = """exit codes:
+  0    success (check: every tolerance met)
+  1    check: a tolerance was exceeded
+  2    bad arguments or environment variables (one line on stderr)
+  130  interrupted (Ctrl-C; one line on stderr)
+  141  the reader of stdout went away (e.g. `| head -n 1`); nothing more is printed
+       (--help and --version exit 0 then, as argparse ignores that write error)"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; bad input (arguments, environment variables) exits 2 with one line on stderr."""
+    """Entry point; bad input (arguments, environment variables) exits 2 with one line on
+    stderr, Ctrl-C exits 130 with one line, a closed stdout pipe exits 141 quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        validate_environment()
-        if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
-            return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
-        args = build_parser().parse_args(argv)
-        return int(args.func(args))
+        try:
+            validate_environment()
+            if argv[:1] == ["bench"]:  # the rest belongs to the benchmark's own parser
+                return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
+            args = build_parser().parse_args(argv)  # --help / --version exit from here
+            return int(args.func(args))
+        finally:
+            sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
     except EnvironmentVariableError as exc:
         print(f"nkilib-msda: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("nkilib-msda: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush of the unwritable
+    pipe does not print a second error (the recipe of Python's ``signal`` docs)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (e.g. captured in tests)
+        pass
 
 
 if __name__ == "__main__":

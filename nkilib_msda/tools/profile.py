@@ -21,16 +21,19 @@ def _simulate(kernel: str, preset: str, lnc: int, target: str | None, seed: int)
     """The CostReport (with ``.timing``) of one simulated kernel run."""
     from nkilib_msda.experimental.deformable_attention import (ms_deformable_attention,
                                                                ms_deformable_attention_bwd)
+    from nkilib_msda.tools.check import msda_progress
     from nkilib_msda.simulator import simulate
 
     case = PRESETS[resolve_preset(preset)]
     args = make_inputs(case, seed=seed)
+    progress = msda_progress(args, kernel)  # a bar on stderr for long runs (terminal only)
     if kernel == "fwd":
-        _, report = simulate(ms_deformable_attention, lnc=lnc, target=target, report=True)(**args)
+        _, report = simulate(ms_deformable_attention, lnc=lnc, target=target, report=True,
+                             progress=progress)(**args)
         return report
     grad_output = make_grad_output(case, seed=seed)
-    *_, report = simulate(ms_deformable_attention_bwd, lnc=lnc, target=target, report=True)(
-        grad_output, **args)
+    *_, report = simulate(ms_deformable_attention_bwd, lnc=lnc, target=target, report=True,
+                          progress=progress)(grad_output, **args)
     return report
 
 

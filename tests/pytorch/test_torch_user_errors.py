@@ -52,3 +52,28 @@ def test_meta_spatial_shapes_tensor_is_a_clear_error():
     shapes = torch.tensor(inputs.spatial_shapes, device="meta")
     with pytest.raises((ValueError, TypeError), match="spatial_shapes"):
         nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn)
+
+
+def test_patching_a_model_without_deformable_attention_warns():
+    from nkilib_msda.pytorch.hf import patch_transformers_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.warns(UserWarning, match="Sequential has no multi-scale deformable attention to "
+                                         "patch .*the model is unchanged"):
+        assert patch_transformers_model(model) == 0
+
+
+def test_nki_backend_reports_every_gather_methods_reason():
+    """Forward-only bf16 C_h = 65,536: transpose and copy both fail; the message says why for
+    each, without advice the torch API cannot follow (it has no gather_method=)."""
+    from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
+
+    value = torch.randn(1, 4, 1, 65536, dtype=torch.bfloat16)
+    locations, weights = torch.rand(1, 2, 1, 1, 1, 2), torch.ones(1, 2, 1, 1, 1)
+    with pytest.raises(ValueError) as err:
+        multi_scale_deformable_attention(value, ((2, 2),), (0,), locations, weights, backend="nki")
+    message = str(err.value)
+    assert "gather_method='transpose': C_h * dtype bytes must fit one 2 KiB PSUM bank" in message
+    assert "gather_method='copy': MSDA forward does not fit SBUF" in message
+    assert "the largest C_h that fits with these samples is" in message
+    assert "use gather_method=" not in message and "backend='reference'" in message

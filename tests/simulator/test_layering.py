@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                       "isa.tensor_engine", "isa.sync", "isa.scalars", "isa.constants"}),
     ("nl namespace", {"language", "lnc"}),
     ("nl wrappers", {"wrappers"}),
+    ("progress display", {"progress"}),
     ("jit/simulate", {"source_rules", "jit"}),
     ("package", {""}),
 ]

@@ -82,15 +82,18 @@ def test_bad_input_is_one_line_and_exit_code_2(args, env, needle):
     assert needle in lines[0] and lines[0].startswith("nkilib-msda"), lines[0]
 
 
-def test_check_help_describes_every_preset_with_a_time():
-    from nkilib_msda.workloads import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+def test_check_help_describes_every_preset_with_a_time_and_memory():
+    from nkilib_msda.workloads import (PRESET_DESCRIPTIONS, PRESET_EMULATOR_MEMORY,
+                                       PRESET_EMULATOR_TIME, PRESETS)
 
     assert set(PRESET_DESCRIPTIONS) == set(PRESET_EMULATOR_TIME) == set(PRESETS)
+    assert set(PRESET_EMULATOR_MEMORY) == set(PRESETS)
     proc = _cli("check", "--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())  # argparse re-wraps lines
     for name in PRESETS:
-        row = f"{name} {PRESET_EMULATOR_TIME[name]} {PRESET_DESCRIPTIONS[name]}"
+        row = (f"{name} {PRESET_EMULATOR_TIME[name]} {PRESET_EMULATOR_MEMORY[name]} "
+               f"{PRESET_DESCRIPTIONS[name]}")
         assert row in text, row
 
 
@@ -124,3 +127,211 @@ def test_bench_without_a_checkout_says_so(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "BENCH_SCRIPT", tmp_path / "benchmarks" / "bench_gpu.py")
     assert main(["bench"]) == 2
     assert "source repository" in capsys.readouterr().err
+
+
+# ------------------------------------------------ pipes, Ctrl-C, `info`, --quiet, progress
+
+
+@pytest.mark.parametrize("args,code", [
+    (["info"], 141), (["check", "--preset", "tiny", "--forward-only", "--no-report"], 141),
+    (["--help"], 0), (["check", "--help"], 0),  # argparse ignores write errors of its help
+])
+def test_closed_stdout_pipe_exits_quietly(args, code):
+    """`nkilib-msda ... | head -n 1`: the reader is gone; exit 141 (128 + SIGPIPE), stderr empty."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader went away before the first write: deterministic EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nkilib_msda", *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
+_INTERRUPTIBLE = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell, whatever the parent set
+from nkilib_msda.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_ctrl_c_exits_130_with_one_line(lnc):
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTIBLE, "check", "--preset", "upstream", "--lnc", str(lnc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONUNBUFFERED": "1"})
+    try:
+        first = proc.stdout.readline()  # printed before the kernels start
+        assert first.startswith("preset upstream"), first
+        time.sleep(1.0)  # inside the forward or backward kernel (upstream runs for seconds)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "CHECK PASSED" not in out, "the run ended before the interrupt: use a longer preset"
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["nkilib-msda: interrupted"], err
+
+
+def test_info_imports_no_torch_triton_or_transformers():
+    import os
+
+    code = ("import sys; from nkilib_msda.tools.cli import main; main(['info']); "
+            "print(sorted(m for m in ('torch', 'triton', 'transformers', 'ml_dtypes') "
+            "if m in sys.modules), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "[]", proc.stderr
+    assert "nkilib_msda" in proc.stdout and "torch backends:" in proc.stdout
+
+
+@pytest.mark.parametrize("devices,needle", [
+    (0, "triton: installed, no CUDA device (CPU tensors only under TRITON_INTERPRET=1"),
+    (2, "triton: available (2 CUDA devices)"),
+])
+def test_info_says_whether_triton_has_a_cuda_device(monkeypatch, capsys, devices, needle):
+    import importlib.util
+
+    from nkilib_msda.tools import cli
+
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch and triton installed")
+    monkeypatch.setattr(cli, "cuda_device_count", lambda: devices)
+    assert main(["info"]) == 0
+    assert needle in capsys.readouterr().out
+
+
+def test_cuda_device_count_is_a_count():
+    from nkilib_msda.tools.cli import cuda_device_count
+
+    count = cuda_device_count()
+    assert isinstance(count, int) and count >= 0
+
+
+def test_check_quiet_prints_only_the_result(capsys):
+    assert main(["check", "--preset", "tiny", "--forward-only", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "CHECK PASSED\n" and captured.err == ""
+
+
+class _Terminal:
+    """A stderr stand-in that says it is a terminal and keeps what was written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_progress_bar_counts_every_query_of_both_kernels(monkeypatch, lnc):
+    """The bar reads progress off attention_weights; both kernels read it exactly once."""
+    from nkilib_msda.tools.check import run_backward, run_forward
+    from nkilib_msda.simulator import progress as progress_module
+    from nkilib_msda.workloads import PRESETS, make_grad_output, make_inputs
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(progress_module.Progress, "__init__", _fast_progress_init(
+        progress_module.Progress.__init__))
+    finals = []
+    exit_display = progress_module.ProgressDisplay.__exit__
+
+    def record(self, *exc):
+        finals.append((self.desc, self.done(), self.spec.total))
+        return exit_display(self, *exc)
+
+    monkeypatch.setattr(progress_module.ProgressDisplay, "__exit__", record)
+    case = PRESETS["tiny"]
+    args = make_inputs(case, seed=3)
+    run_forward(args, lnc=lnc, progress=True)
+    run_backward(make_grad_output(case, seed=3), args, lnc=lnc, progress=True)
+    queries = case.batch * case.num_queries
+    assert finals == [("forward", queries, queries), ("backward", queries, queries)]
+    assert "forward" in terminal.text and "query" in terminal.text, terminal.text
+
+
+def _fast_progress_init(init):
+    """Progress with no start delay and a short poll interval, so a tiny run draws a bar."""
+    def fast(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        object.__setattr__(self, "delay_s", 0.0)
+        object.__setattr__(self, "interval_s", 0.01)
+    return fast
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
+    from nkilib_msda.tools.check import run_forward
+    from nkilib_msda.workloads import PRESETS, make_inputs
+
+    run_forward(make_inputs(PRESETS["tiny"], seed=0), progress=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("progress,error,needle", [
+    (3, TypeError, "progress must be True, False, the name of a kernel argument or a Progress"),
+    ("attention_weight", ValueError, "progress names 'attention_weight', which is not an array "
+                                     "argument of ms_deformable_attention"),
+])
+def test_simulate_rejects_a_bad_progress_argument(progress, error, needle):
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+    from nkilib_msda.simulator import simulate
+    from nkilib_msda.workloads import PRESETS, make_inputs
+
+    with pytest.raises(error, match=needle):
+        simulate(ms_deformable_attention, progress=progress)(**make_inputs(PRESETS["tiny"]))
+
+
+@pytest.mark.slow
+def test_check_ddetr_decoder_shows_progress_in_a_terminal_only():
+    """The acceptance run: a real pseudo-terminal on stderr gets the bar; --quiet gets none."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    def run(*extra):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+        proc = subprocess.Popen([sys.executable, "-m", "nkilib_msda", "check", "--preset",
+                                 "ddetr-decoder", "--no-report", *extra],
+                                stdout=subprocess.DEVNULL, stderr=slave,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        assert proc.wait(timeout=900) == 0
+        return b"".join(chunks).decode(errors="replace")
+
+    shown = run()
+    assert "backward:" in shown and "/600 [" in shown, shown[-500:]  # B*N_q = 2*300 queries
+    assert run("--quiet") == ""

@@ -101,3 +101,15 @@ def test_weight_gradient_bands(dim, lnc, band, staged):
     plan = plan_backward(4, 256, dim, "bfloat16", lnc=lnc)
     assert (plan.weight_band, plan.stage_weight_band) == (band, staged)
     assert plan.weight_band_chunks == -(-band // 128)
+
+
+@pytest.mark.parametrize("plan", [plan_forward, plan_backward])
+def test_too_wide_rows_name_d_and_the_largest_d_that_fits(plan):
+    import re
+
+    with pytest.raises(ValueError, match=r"D=20000 is too large: the largest D that fits") as err:
+        plan(4, 128, 20000, "bfloat16")
+    largest = int(re.search(r"fits with these arguments is (\d+)$", str(err.value)).group(1))
+    assert plan(4, 128, largest, "bfloat16").dim == largest
+    with pytest.raises(ValueError, match="no tiling fits"):
+        plan(4, 128, largest + 1, "bfloat16")

@@ -170,3 +170,20 @@ def test_impossible_shape_names_the_sbuf_limit():
     huge = problem(heads=64, points=64, levels=((2, 2),) * 16)
     with pytest.raises(ValueError, match="SBUF"):
         plan_forward(huge, "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_too_wide_head_dim_names_the_largest_c_h_that_fits(dtype):
+    """The error says which C_h would fit, and that C_h does fit while one more does not."""
+    import re
+
+    wide = problem(heads=1, head_dim=65536, points=1, levels=((2, 2),))
+    with pytest.raises(ValueError, match="the largest C_h that fits with these samples is") as err:
+        plan_forward(wide, dtype, gather_method="copy")
+    largest = int(re.search(r"is (\d+)$", str(err.value)).group(1))
+    assert 0 < largest < 65536
+    plan_forward(problem(heads=1, head_dim=largest, points=1, levels=((2, 2),)), dtype,
+                 gather_method="copy")
+    with pytest.raises(ValueError, match="does not fit SBUF"):
+        plan_forward(problem(heads=1, head_dim=largest + 1, points=1, levels=((2, 2),)),
+                             dtype, gather_method="copy")
