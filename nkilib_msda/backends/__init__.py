@@ -31,6 +31,7 @@ when it computes).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -91,8 +92,10 @@ def backend_availability() -> dict[str, str]:
     return status
 
 
+@functools.cache
 def block_attn_res_backends() -> tuple[str, ...]:
-    """The backends whose capabilities include Block AttnRes, in registry order."""
+    """The backends whose capabilities include Block AttnRes, in registry order (their
+    declarations are constants: computed once)."""
     names = []
     for name in BACKEND_NAMES:
         try:

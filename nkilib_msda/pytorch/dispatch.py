@@ -73,12 +73,24 @@ def requested_backend(backend: str | None, device: torch.device,
 def device_default_backend(device: torch.device) -> str:
     """The first backend declaring itself the default for ``device``'s type, else the
     fallback ('triton' for CUDA, 'nki' for TorchNeuron's device, otherwise 'reference')."""
+    key = (device.type, BACKEND_NAMES)
+    name = _DEVICE_DEFAULTS.get(key)
+    if name is None:
+        name = _DEVICE_DEFAULTS[key] = _first_declaring_default(device.type)
+    return name
+
+
+# Declarations are constants: the answer per (device type, registry) is computed once.
+_DEVICE_DEFAULTS: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _first_declaring_default(device_type: str) -> str:
     for name in BACKEND_NAMES:
         try:
             module = get_backend(name)
         except BackendUnavailableError:
             continue
-        if device.type in module.CAPABILITIES.default_for:
+        if device_type in module.CAPABILITIES.default_for:
             return name
     return FALLBACK_BACKEND
 
