@@ -106,7 +106,7 @@ def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
 
 def _raise_or_return(plan: str | ValueError) -> str:
     if isinstance(plan, ValueError):
-        raise plan
+        raise plan.with_traceback(None)  # a memoized error: do not grow its traceback
     return plan
 
 
