@@ -32,7 +32,8 @@ from nkilib_msda.backends import block_attn_res_backends, get_backend
 from nkilib_msda.experimental.block_attn_res.validation import (
     KERNEL_DTYPES, BlockAttnResProblem, validate_block_attn_res_args,
     validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
-from nkilib_msda.pytorch._modes import autocast_disabled, can_skip_dispatcher, profiler_range
+from nkilib_msda.pytorch._modes import (
+    FAST_PATH_DEVICES, autocast_disabled, can_skip_dispatcher, profiler_range)
 from nkilib_msda.pytorch._registration import CallHandoff, register_operator
 from nkilib_msda.pytorch.dispatch import AUTO, select_block_attn_res_backend
 
@@ -43,8 +44,6 @@ BACKENDS = block_attn_res_backends()  # from the backends' declared capabilities
 _ALL_DTYPES = (*KERNEL_DTYPES, "float64")
 FORWARD_NAME = "nkilib_msda::block_attn_res"
 BACKWARD_NAME = "nkilib_msda::block_attn_res_backward"
-_FAST_PATH_DEVICES = ("cpu", "cuda")
-
 
 def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """Explicit argument, else ``NKILIB_MSDA_BACKEND`` (if it names a Block AttnRes backend),
@@ -225,7 +224,7 @@ def _run_forward(call: BlockAttnResCall, values: Tensor, proj_weight: Tensor,
                  rmsnorm_gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The bound call directly in plain eager mode (CPU/CUDA), else the registered operator."""
     tensors = [t for t in (values, proj_weight, rmsnorm_gamma) if t is not None]
-    if values.device.type in _FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
+    if values.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return BlockAttnResFunction.apply(values, proj_weight, rmsnorm_gamma, call)
         with profiler_range(FORWARD_NAME):
@@ -278,7 +277,7 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
         args = (grad_h.contiguous(), _stack(blocks, partial_block), proj_weight, alpha_cache,
                 rmsnorm_gamma if enable_rmsnorm else None, rms_cache if enable_rmsnorm else None)
         tensors = [t for t in args if t is not None]
-        if args[1].device.type in _FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
+        if args[1].device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
             with profiler_range(BACKWARD_NAME):
                 grad_values, grad_w, grad_gamma = call.backward(*args)
         else:

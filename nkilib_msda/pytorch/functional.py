@@ -17,12 +17,11 @@ from torch import Tensor
 
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
+from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES
 from nkilib_msda.pytorch.call import bind_msda_call, needs_input_grad
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
 
 __all__ = ["multi_scale_deformable_attention"]
-
-_FAST_PATH_DEVICES = ("cpu", "cuda")
 
 # Import the backend modules now (they import their heavy dependencies lazily), so that a first
 # call under torch.compile(fullgraph=True) does not have to import them while tracing.
@@ -75,7 +74,7 @@ def multi_scale_deformable_attention(
                           needs_backward=needs_input_grad(value, sampling_locations,
                                                           attention_weights))
     # Other devices (TorchNeuron's PrivateUse1, meta) always go through the dispatcher.
-    if value.device.type in _FAST_PATH_DEVICES and can_skip_dispatcher(
+    if value.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(
             value, sampling_locations, attention_weights):
         return msda_forward_eager(call, value, sampling_locations, attention_weights)
     shapes, starts, value_layout, loc_layout, align_corners, padding_mode = call.op_args()
