@@ -31,7 +31,6 @@ when it computes).
 
 from __future__ import annotations
 
-import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -92,10 +91,19 @@ def backend_availability() -> dict[str, str]:
     return status
 
 
-@functools.cache
 def block_attn_res_backends() -> tuple[str, ...]:
     """The backends whose capabilities include Block AttnRes, in registry order (their
-    declarations are constants: computed once)."""
+    declarations are constants: computed once, kept in a plain list that torch.compile
+    traces through)."""
+    if not _BLOCK_ATTN_RES:
+        _BLOCK_ATTN_RES.append(_declaring_block_attn_res())
+    return _BLOCK_ATTN_RES[0]
+
+
+_BLOCK_ATTN_RES: list[tuple[str, ...]] = []
+
+
+def _declaring_block_attn_res() -> tuple[str, ...]:
     names = []
     for name in BACKEND_NAMES:
         try:
