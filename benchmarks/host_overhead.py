@@ -173,7 +173,7 @@ def _cases(dtype_name: str = "float32"):
 
 
 def measure(backend: str, calls: int, repeats: int, shape: str = "tiny",
-            dtype: str = "float32", clock: str = "wall") -> dict:
+            dtype: str = "float32", clock: str = "wall", cases: str = "") -> dict:
     """{label: µs per call} for this interpreter's nkilib_msda."""
     import nkilib_msda
 
@@ -186,6 +186,8 @@ def measure(backend: str, calls: int, repeats: int, shape: str = "tiny",
     _use_workload(shape)
     results = {}
     for label, fn, divisor in _cases(dtype):
+        if cases and not any(part in label for part in cases.split(",")):
+            continue
         results[label] = _time_us(fn, max(1, calls // divisor), repeats, clock)
     return {"package": str(Path(nkilib_msda.__file__).parent), "results": results}
 
@@ -194,7 +196,7 @@ def _run_tree(path: Path, args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--backend", args.backend,
            "--calls", str(args.calls), "--repeats", str(args.repeats), "--shape", args.shape,
-           "--dtype", args.dtype, "--clock", args.clock]
+           "--dtype", args.dtype, "--clock", args.clock, "--cases", args.cases]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=path)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if not report["package"].startswith(str(path)):
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall time, or the calling thread's CPU time (shared machines)")
+    parser.add_argument("--cases", default="", help="comma-separated label parts to keep")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds")
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.json:
         print(json.dumps(measure(args.backend, args.calls, args.repeats, args.shape, args.dtype,
-                                 args.clock)))
+                                 args.clock, args.cases)))
         return
 
     command = "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])
