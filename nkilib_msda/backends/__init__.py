@@ -1,9 +1,13 @@
 """The one registry of compute backends for torch tensors (MSDA and Block AttnRes).
 
-Every backend module implements the MSDA interface:
+Every backend module implements :class:`~nkilib_msda.backends.protocol.MsdaBackend` and
+declares its ``NAME`` and :class:`~nkilib_msda.backends.protocol.Capabilities` (devices,
+dtypes, layouts, padding modes, determinism, Block AttnRes): dispatch reads those, never a
+table of its own. The MSDA interface:
 
 - ``is_available() -> bool``
-- ``unsupported_reason(problem, value, sampling_locations) -> str | None``
+- ``unsupported_reason(problem, value, sampling_locations) -> str | None`` (the declared
+  capabilities first, then limits that depend on the problem)
 - ``msda_forward(value, problem, sampling_locations, attention_weights) -> Tensor``
   (B, N_q, N_h*C_h) in value's dtype
 - ``msda_backward(grad_output, value, problem, sampling_locations, attention_weights, compute,
@@ -11,34 +15,39 @@ Every backend module implements the MSDA interface:
   input layouts, any float dtype, zeros where ``compute`` is False; ``deterministic=True`` asks
   for a bitwise-reproducible grad_value (backends that are always deterministic ignore it).
 
-A forward-only call is checked with ``unsupported_reason`` alone; a backend whose backward
-has further limits adds ``backward_unsupported_reason(problem, value, sampling_locations)``.
+A forward-only call is checked with ``unsupported_reason`` alone; the backward's further limits
+are ``backward_unsupported_reason(problem, value, sampling_locations)``.
 
-Backends listed in :data:`BLOCK_ATTN_RES_BACKENDS` also implement Block AttnRes:
+Backends whose capabilities list Block AttnRes dtypes (:func:`block_attn_res_backends`) also
+implement it (:class:`~nkilib_msda.backends.protocol.BlockAttnResBackend`):
 ``block_attn_res_unsupported_reason(device, dtype) -> str | None``,
 ``block_attn_res_forward(values, w, gamma, scale, eps, enable_rmsnorm) -> (h, rms, alpha)`` and
 ``block_attn_res_backward(grad_h, values, w, alpha, gamma, rms, scale, enable_rmsnorm)
 -> (grad_values, grad_w, grad_gamma)`` (shapes in :mod:`nkilib_msda.pytorch.block_attn_res_ops`).
 
-Modules are imported lazily so that e.g. Triton is only imported when asked for.
+Modules are imported on first use (each imports its heavy dependencies, e.g. Triton, only
+when it computes).
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
-__all__ = ["BACKEND_NAMES", "BLOCK_ATTN_RES_BACKENDS", "BackendUnavailableError", "get_backend",
-           "backend_availability"]
+__all__ = ["BACKEND_NAMES", "BLOCK_ATTN_RES_BACKENDS", "FALLBACK_BACKEND", "BackendUnavailableError",
+           "get_backend", "backend_availability", "block_attn_res_backends"]
 
-_MODULES = {
+# Where each backend lives, in the automatic choice's order of preference; what each can do
+# is declared by the module itself (``CAPABILITIES``).
+_LOCATIONS = {
     "reference": "nkilib_msda.backends.reference_torch",
     "nki": "nkilib_msda.backends.nki_backend",
     "triton": "nkilib_msda.backends.triton_backend",
 }
-BACKEND_NAMES = tuple(_MODULES)
-# The backends that also implement Block AttnRes (there is no Triton Block AttnRes).
-BLOCK_ATTN_RES_BACKENDS = ("reference", "nki")
+BACKEND_NAMES = tuple(_LOCATIONS)
+# Runs every call on every device: the automatic choice falls back to it.
+FALLBACK_BACKEND = "reference"
 
 
 class BackendUnavailableError(ValueError, RuntimeError):
@@ -58,10 +67,10 @@ def get_backend(name: str) -> ModuleType:
     module = _LOADED.get(name)
     if module is not None:
         return module
-    if not isinstance(name, str) or name not in _MODULES:
+    if not isinstance(name, str) or name not in _LOCATIONS:
         raise ValueError(f"backend: expected one of {list(BACKEND_NAMES)} or None, got {name!r}")
     try:
-        module = importlib.import_module(_MODULES[name])
+        module = importlib.import_module(_LOCATIONS[name])
     except ImportError as exc:
         raise BackendUnavailableError(f"backend {name!r} could not be imported: {exc}") from exc
     _LOADED[name] = module
@@ -80,3 +89,33 @@ def backend_availability() -> dict[str, str]:
             continue
         status[name] = "available" if ok else "unavailable"
     return status
+
+
+def block_attn_res_backends() -> tuple[str, ...]:
+    """The backends whose capabilities include Block AttnRes, in registry order (their
+    declarations are constants: computed once, kept in a plain list that torch.compile
+    traces through)."""
+    if not _BLOCK_ATTN_RES:
+        _BLOCK_ATTN_RES.append(_declaring_block_attn_res())
+    return _BLOCK_ATTN_RES[0]
+
+
+_BLOCK_ATTN_RES: list[tuple[str, ...]] = []
+
+
+def _declaring_block_attn_res() -> tuple[str, ...]:
+    names = []
+    for name in BACKEND_NAMES:
+        try:
+            module = get_backend(name)
+        except BackendUnavailableError:
+            continue
+        if module.CAPABILITIES.block_attn_res:
+            names.append(name)
+    return tuple(names)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BLOCK_ATTN_RES_BACKENDS":  # derived from the declarations, on first use
+        return block_attn_res_backends()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

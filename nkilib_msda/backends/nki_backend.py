@@ -25,6 +25,7 @@ dtypes).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import ml_dtypes
@@ -32,23 +33,30 @@ import numpy as np
 import torch
 
 from nkilib_msda._env import read_env
+from nkilib_msda.backends.protocol import (
+    NEURON_DEVICE_TYPES, Capabilities, capability_reason, device_reason)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
-__all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
+__all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
+           "backward_unsupported_reason", "msda_forward",
            "msda_backward", "run_in_emulator", "call_forward_kernel", "call_backward_kernel",
            "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "set_device_launcher",
            "kernel_call", "forward_gather_method", "backward_gather_method",
-           "SUPPORTED_VALUE_DTYPES", "PADDING_MODES", "block_attn_res_unsupported_reason",
-           "block_attn_res_forward", "block_attn_res_backward"]
+           "block_attn_res_unsupported_reason", "block_attn_res_forward", "block_attn_res_backward"]
 
 LNC_ENV_VAR = "NEURON_LOGICAL_NC_CONFIG"
 # Older name for the emulated LNC degree; read only when NEURON_LOGICAL_NC_CONFIG is unset.
 LEGACY_SIM_LNC_ENV_VAR = "NKILIB_MSDA_SIM_LNC"
-SUPPORTED_VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-PADDING_MODES = ("zeros", "border")
 GATHER_METHODS = ("transpose", "copy")  # in order of preference
-# CPU (emulator) and TorchNeuron's device ("privateuseone" before the rename).
-_DEVICE_TYPES = ("cpu", "neuron", "privateuseone")
+
+NAME = "nki"
+CAPABILITIES = Capabilities(
+    # CPU tensors run in the emulator; TorchNeuron's device runs the kernels.
+    device_types=("cpu", *NEURON_DEVICE_TYPES), default_for=NEURON_DEVICE_TYPES,
+    dtypes=("float32", "bfloat16", "float16"), padding_modes=("zeros", "border"),
+    always_deterministic=True,  # fixed-order reduction of grad_value
+    block_attn_res_dtypes=("bfloat16", "float16", "float32"),
+    device_note=" (CPU tensors run in the emulator, TorchNeuron 'neuron' tensors on the device)")
 
 
 def is_available() -> bool:
@@ -67,30 +75,45 @@ def _kernels() -> tuple[Any, Any]:
     return ms_deformable_attention, ms_deformable_attention_bwd
 
 
-def _device_reason(device: torch.device) -> str | None:
-    if device.type not in _DEVICE_TYPES:
-        return (f"the nki backend takes CPU tensors (emulator) or TorchNeuron 'neuron' tensors, "
-                f"got tensors on {device}")
-    return None
+# Planning is pure and deterministic in (problem, value dtype): each signature is planned once
+# per process (the support check, the backward check and the launch all ask the same question).
+_PLANS_PER_KERNEL = 256
 
 
-def forward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
-    """The first gather method the forward planner accepts; raises its error if none does."""
+@functools.lru_cache(maxsize=_PLANS_PER_KERNEL)
+def _forward_plan(problem: MSDAProblem, value_dtype: str) -> str | ValueError:
     from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
 
     return _first_plannable(lambda m: plan_forward(problem, value_dtype, gather_method=m))
 
 
-def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
-    """The first gather method the backward planner accepts; raises its error if none does."""
+@functools.lru_cache(maxsize=_PLANS_PER_KERNEL)
+def _backward_plan(problem: MSDAProblem, value_dtype: str) -> str | ValueError:
     from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 
     return _first_plannable(lambda m: plan_backward(problem, value_dtype, gather_method=m))
 
 
-def _first_plannable(plan: Callable[[str], Any]) -> str:
-    """The first of GATHER_METHODS that ``plan`` accepts; else ValueError with every method's
-    reason (the torch API has no ``gather_method=``: the backend tries them all)."""
+def forward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
+    """The first gather method the forward planner accepts; raises its error if none does."""
+    return _raise_or_return(_forward_plan(problem, value_dtype))
+
+
+def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
+    """The first gather method the backward planner accepts; raises its error if none does."""
+    return _raise_or_return(_backward_plan(problem, value_dtype))
+
+
+def _raise_or_return(plan: str | ValueError) -> str:
+    if isinstance(plan, ValueError):
+        raise plan.with_traceback(None)  # a memoized error: do not grow its traceback
+    return plan
+
+
+def _first_plannable(plan: Callable[[str], Any]) -> str | ValueError:
+    """The first of GATHER_METHODS that ``plan`` accepts, else a ValueError with every
+    method's reason (the torch API has no ``gather_method=``: the backend tries them all),
+    returned so that the answer is memoized like a success."""
     reasons = []
     for method in GATHER_METHODS:
         try:
@@ -100,9 +123,9 @@ def _first_plannable(plan: Callable[[str], Any]) -> str:
             reasons.append(f"gather_method={method!r}: {reason}")
             continue
         return method
-    raise ValueError("no gather method fits (the backend tried each): " + "; ".join(reasons)
-                     + ". Change the shape as the reasons say, or run this call on another "
-                       "backend (backend='reference', or 'triton' on CUDA)")
+    return ValueError("no gather method fits (the backend tried each): " + "; ".join(reasons)
+                      + ". Change the shape as the reasons say, or run this call on another "
+                        "backend (backend='reference', or 'triton' on CUDA)")
 
 
 def _without_method_hint(reason: str) -> str:
@@ -114,38 +137,26 @@ def _without_method_hint(reason: str) -> str:
 
 def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
                        sampling_locations: torch.Tensor) -> str | None:
-    """Why the forward kernel cannot run this call (None when it can).
-
-    The kernels' own planners hold their limits (row-unit indices below 2^24, SBUF budget):
-    they are asked instead of restating the rules here."""
-    return _planner_reason(problem, value, forward_gather_method, "forward")
+    """Why the forward kernel cannot run this call (None when it can): the declared
+    capabilities, then the kernel's own planner, which holds its limits (row-unit indices below
+    2^24, SBUF budget) instead of restating the rules here."""
+    return _planner_reason(problem, value, _forward_plan, "forward")
 
 
 def backward_unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
                                 sampling_locations: torch.Tensor) -> str | None:
     """Why the backward kernel cannot run this call (e.g. N_h*N_l > 128, SBUF budget)."""
-    return _planner_reason(problem, value, backward_gather_method, "backward")
+    return _planner_reason(problem, value, _backward_plan, "backward")
 
 
 def _planner_reason(problem: MSDAProblem, value: torch.Tensor,
-                    gather_method: Callable[[MSDAProblem, str], str], kernel: str) -> str | None:
-    reason = _device_reason(value.device) or _mode_and_dtype_reason(problem, value)
+                    plan: Callable[[MSDAProblem, str], str | ValueError], kernel: str) -> str | None:
+    reason = capability_reason(NAME, CAPABILITIES, problem, value)
     if reason is not None:
         return reason
-    try:
-        gather_method(problem, dtype_name(value.dtype))
-    except ValueError as exc:
-        return f"the NKI {kernel} kernel cannot plan this call: {exc}"
-    return None
-
-
-def _mode_and_dtype_reason(problem: MSDAProblem, value: torch.Tensor) -> str | None:
-    if problem.padding_mode not in PADDING_MODES:
-        return (f"padding_mode={problem.padding_mode!r} is not supported by the NKI kernels "
-                f"(supported: {list(PADDING_MODES)}); use backend='reference'")
-    if value.dtype not in SUPPORTED_VALUE_DTYPES:
-        return (f"value dtype {dtype_name(value.dtype)} is not supported by the NKI kernels "
-                f"(supported: {[dtype_name(d) for d in SUPPORTED_VALUE_DTYPES]})")
+    answer = plan(problem, dtype_name(value.dtype))
+    if isinstance(answer, ValueError):
+        return f"the NKI {kernel} kernel cannot plan this call: {answer}"
     return None
 
 
@@ -308,13 +319,12 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
 
 def block_attn_res_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the Block AttnRes kernels cannot take tensors of ``device`` and ``dtype``."""
-    from nkilib_msda.validation.block_attn_res import KERNEL_DTYPES
-
-    reason = _device_reason(device)
+    reason = device_reason(NAME, CAPABILITIES, device)
     if reason is not None:
         return reason
-    if dtype_name(dtype) not in KERNEL_DTYPES:
-        return f"the NKI kernels take {list(KERNEL_DTYPES)}, got dtype {dtype_name(dtype)}"
+    dtypes = CAPABILITIES.block_attn_res_dtypes
+    if dtype_name(dtype) not in dtypes:
+        return f"the NKI kernels take {list(dtypes)}, got dtype {dtype_name(dtype)}"
     return None
 
 

@@ -25,10 +25,18 @@ from typing import Iterator
 
 import torch
 
-from nkilib_msda.validation.msda import MSDAProblem
+from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
+from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, PADDING_MODES, MSDAProblem
 
-__all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward",
+__all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
+           "backward_unsupported_reason", "msda_forward", "msda_backward",
            "block_attn_res_unsupported_reason", "block_attn_res_forward", "block_attn_res_backward"]
+
+NAME = "reference"
+CAPABILITIES = Capabilities(
+    device_types=ANY_DEVICE, default_for=(), dtypes=FLOAT_DTYPE_NAMES, padding_modes=PADDING_MODES,
+    # index_add_ on CUDA accumulates with atomics: reproducible only on request (below).
+    always_deterministic=False, block_attn_res_dtypes=FLOAT_DTYPE_NAMES)
 
 # Gathered corner values held at once (B * q * N_h * N_l * N_p * 4 * C_h elements): queries are
 # processed in chunks below this, so memory stays bounded for encoder-size problems.
@@ -43,6 +51,12 @@ def is_available() -> bool:
 def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
                        sampling_locations: torch.Tensor) -> str | None:
     """The reference backend supports every problem, layout, padding mode and dtype."""
+    return None
+
+
+def backward_unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
+                                sampling_locations: torch.Tensor) -> str | None:
+    """Its backward has no limits of its own either."""
     return None
 
 

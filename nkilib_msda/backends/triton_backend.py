@@ -1,9 +1,9 @@
 """Triton backend for CUDA tensors (and CPU tensors under ``TRITON_INTERPRET=1``).
 
-Public surface used by the op layer (``nkilib_msda.backends``): ``is_available`` (triton
-imports), ``unavailable_reason`` (why not), ``unsupported_reason`` (why this call cannot run:
-padding mode, dtypes, CPU tensors without the interpreter, ...), ``msda_forward``,
-``msda_backward``. Direct calls of ``msda_forward``/``msda_backward`` raise ``ValueError`` with
+Public surface used by the op layer (``nkilib_msda.backends``): ``NAME``, ``CAPABILITIES``,
+``is_available`` (triton imports), ``unavailable_reason`` (why not), ``unsupported_reason`` and
+``backward_unsupported_reason`` (why this call cannot run: padding mode, dtypes, CPU tensors
+without the interpreter, ...), ``msda_forward``, ``msda_backward``. Direct calls of ``msda_forward``/``msda_backward`` raise ``ValueError`` with
 the same reason.
 
 Everything about a launch (tile sizes, warps, 64-bit indexing, accumulator dtype) is decided
@@ -23,14 +23,20 @@ import functools
 from typing import Any
 
 from nkilib_msda._env import read_env
+from nkilib_msda.backends.protocol import Capabilities, capability_reason
 from nkilib_msda.backends.triton_plan import (  # noqa: F401 - the planning names belong to this backend's surface
     KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
-_SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
-_SUPPORTED_PADDING = ("zeros", "border")
+
+NAME = "triton"
+CAPABILITIES = Capabilities(
+    # CPU tensors only under the Triton interpreter (tests): see _device_reason.
+    device_types=("cuda", "cpu"), default_for=("cuda",), dtypes=("float32", "float16", "bfloat16"),
+    padding_modes=("zeros", "border"),
+    always_deterministic=False)  # atomics by default; deterministic=True sorts and reduces
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,20 +74,18 @@ def _device_reason(device: Any) -> str | None:
 
 
 def _compute_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
-    if problem.padding_mode not in _SUPPORTED_PADDING:
-        return (f"padding_mode={problem.padding_mode!r} is not supported by the triton backend "
-                f"(supported: {', '.join(_SUPPORTED_PADDING)}); use backend='reference'")
+    if problem.padding_mode not in CAPABILITIES.padding_modes:
+        return capability_reason(NAME, CAPABILITIES, problem, value, check_device=False)
     missing = _import_error()
     if missing is not None:
         return missing
-    name = dtype_name(value.dtype)
-    if name not in _SUPPORTED_DTYPES:
-        return (f"value dtype {name} is not supported by the triton backend "
-                f"(expected one of {_SUPPORTED_DTYPES})")
+    reason = capability_reason(NAME, CAPABILITIES, problem, value, check_device=False)
+    if reason is not None:
+        return reason
     loc_name = dtype_name(sampling_locations.dtype)
-    if loc_name not in _SUPPORTED_DTYPES:
+    if loc_name not in CAPABILITIES.dtypes:
         return (f"sampling_locations dtype {loc_name} is not supported by the triton backend "
-                f"(expected one of {_SUPPORTED_DTYPES})")
+                f"(supported: {list(CAPABILITIES.dtypes)})")
     device = getattr(value, "device", None)
     reason = _device_reason(device)
     if reason is not None:
@@ -94,6 +98,12 @@ def _compute_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -
 def unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any) -> str | None:
     """Why this backend cannot run the call (None when it can). Memoized per call signature
     (problem, dtypes, devices), so repeated calls cost one dict lookup."""
+    return _context(problem, value, sampling_locations).reason
+
+
+def backward_unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any
+                                ) -> str | None:
+    """The backward kernels have the forward's limits and no others."""
     return _context(problem, value, sampling_locations).reason
 
 

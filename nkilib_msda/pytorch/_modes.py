@@ -12,7 +12,11 @@ from typing import ContextManager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["can_skip_dispatcher", "profiler_range", "autocast_disabled"]
+__all__ = ["can_skip_dispatcher", "profiler_range", "autocast_disabled", "FAST_PATH_DEVICES"]
+
+# Device types whose eager calls may skip the dispatcher; any other (TorchNeuron's
+# PrivateUse1, meta) always meets the registered operators' kernels.
+FAST_PATH_DEVICES = ("cpu", "cuda")
 
 _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 _C = torch._C

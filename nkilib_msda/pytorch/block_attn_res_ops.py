@@ -7,6 +7,11 @@
   ``torch.ops.nkilib_msda.block_attn_res_backward`` (-> grad_values [L, B, T, D], grad_w [D],
   grad_gamma [D] or empty), with fake kernels, autograd, a PrivateUse1 (``neuron``) kernel and
   autocast kernels that run them with autocast off: ``block_attn_res`` is differentiable.
+- One binding per call (:class:`BlockAttnResCall`: validation and backend selection, once):
+  the public functions bind the user's arguments, the operators theirs (values [L, B, T, D]);
+  forward and backward take the call. In plain eager mode the public functions run the call
+  directly (no dispatcher round trip), through :class:`BlockAttnResFunction`, whose context
+  and backward are the operator's.
 - Backends come from the registry shared with MSDA (:mod:`nkilib_msda.backends`): "reference"
   is closed-form torch (any device; fp32 inside, fp64 for fp64 inputs, which gradcheck uses);
   "nki" runs the NKI kernels (in the emulator for CPU tensors, on TorchNeuron's device
@@ -17,23 +22,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from nkilib_msda.backends import BLOCK_ATTN_RES_BACKENDS, get_backend
+from nkilib_msda.backends import block_attn_res_backends, get_backend
+from nkilib_msda.pytorch._modes import (
+    FAST_PATH_DEVICES, autocast_disabled, can_skip_dispatcher, profiler_range)
+from nkilib_msda.pytorch._registration import CallHandoff, register_operator
 from nkilib_msda.validation.block_attn_res import (
-    KERNEL_DTYPES, validate_block_attn_res_args, validate_block_attn_res_backward_args)
-from nkilib_msda.pytorch._modes import autocast_disabled
+    KERNEL_DTYPES, BlockAttnResProblem, validate_block_attn_res_args,
+    validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
 from nkilib_msda.pytorch.dispatch import AUTO, select_block_attn_res_backend
-from nkilib_msda.pytorch.ops import register_autocast_passthrough
 
-__all__ = ["block_attn_res", "block_attn_res_backward", "BACKENDS", "select_backend"]
+__all__ = ["block_attn_res", "block_attn_res_backward", "BACKENDS", "select_backend",
+           "BlockAttnResCall"]
 
-BACKENDS = BLOCK_ATTN_RES_BACKENDS
+BACKENDS = block_attn_res_backends()  # from the backends' declared capabilities
 _ALL_DTYPES = (*KERNEL_DTYPES, "float64")
-
+FORWARD_NAME = "nkilib_msda::block_attn_res"
+BACKWARD_NAME = "nkilib_msda::block_attn_res_backward"
 
 def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """Explicit argument, else ``NKILIB_MSDA_BACKEND`` (if it names a Block AttnRes backend),
@@ -46,31 +56,128 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _backend_module(backend: str, values: Tensor) -> Any:
-    name = select_backend(None if backend == AUTO else backend, values.device, values.dtype)
-    return get_backend(name)
+# ---------------------------------------------------------------- the bound call
+
+
+@dataclass(frozen=True)
+class BlockAttnResCall:
+    """One validated Block AttnRes call: the problem, its backend and the scalar options.
+    Tensors in the kernels' layout: values [L, B, T, D] (the sources stacked)."""
+
+    problem: BlockAttnResProblem
+    backend: str
+    scale: float
+    rmsnorm_eps: float
+    enable_rmsnorm: bool
+
+    def forward(self, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        """-> (h [B, T, D], rms [B, T, L, 1] or empty, alpha [B, T, L])."""
+        with autocast_disabled(values.device.type):
+            return get_backend(self.backend).block_attn_res_forward(
+                values, proj_weight, rmsnorm_gamma, self.scale, self.rmsnorm_eps,
+                self.enable_rmsnorm)
+
+    def backward(self, grad_h: Tensor, values: Tensor, proj_weight: Tensor, alpha: Tensor,
+                 rmsnorm_gamma: Tensor | None, rms: Tensor | None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
+        with autocast_disabled(values.device.type):
+            return get_backend(self.backend).block_attn_res_backward(
+                grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, self.scale,
+                self.enable_rmsnorm)
+
+
+def _bind(problem: BlockAttnResProblem, backend: str | None, device: torch.device,
+          dtype: torch.dtype, scale: float, rmsnorm_eps: float, enable_rmsnorm: bool
+          ) -> BlockAttnResCall:
+    name = select_backend(None if backend == AUTO else backend, device, dtype)
+    return BlockAttnResCall(problem, name, float(scale), float(rmsnorm_eps), bool(enable_rmsnorm))
 
 
 # ---------------------------------------------------------------- registered ops
 
 
+def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: Tensor, alpha: Tensor,
+                               rmsnorm_gamma: Optional[Tensor], rms: Optional[Tensor], scale: float,
+                               enable_rmsnorm: bool, backend: str = AUTO
+                               ) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
+    problem = validate_stacked_backward_args(grad_h, values, proj_weight, alpha, rmsnorm_gamma,
+                                             rms, scale, enable_rmsnorm,
+                                             allowed_dtypes=_ALL_DTYPES)
+    call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
+    return call.backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms)
+
+
+def _block_attn_res_backward_fake(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, scale,
+                                  enable_rmsnorm, backend=AUTO):
+    grad_gamma = (proj_weight.new_empty(rmsnorm_gamma.shape, dtype=rmsnorm_gamma.dtype)
+                  if enable_rmsnorm else proj_weight.new_empty((0,)))
+    return values.new_empty(values.shape), proj_weight.new_empty(proj_weight.shape), grad_gamma
+
+
+block_attn_res_backward_op = register_operator(
+    "block_attn_res_backward", _block_attn_res_backward_impl, _block_attn_res_backward_fake)
+
+
+def _save_context(ctx: Any, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None,
+                  rms: Tensor, alpha: Tensor, call: BlockAttnResCall) -> None:
+    ctx.save_for_backward(values, proj_weight, rmsnorm_gamma, rms, alpha)
+    ctx.block_attn_res_call = call
+    ctx.mark_non_differentiable(rms, alpha)
+
+
+def block_attn_res_input_gradients(ctx: Any, grad_h: Tensor
+                                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(grad_values, grad_w, grad_gamma or None) of every Block AttnRes autograd node. In plain
+    eager mode without ``create_graph`` the saved call's backward runs directly; otherwise
+    through the backward operator."""
+    values, proj_weight, rmsnorm_gamma, rms, alpha = ctx.saved_tensors
+    call: BlockAttnResCall = ctx.block_attn_res_call
+    rms_on = call.enable_rmsnorm
+    grad_h = grad_h.contiguous()
+    tensors = [t for t in (grad_h, values, proj_weight, alpha, rmsnorm_gamma) if t is not None]
+    if (not torch.is_grad_enabled() and can_skip_dispatcher(*tensors)
+            and grad_h.shape == values.shape[1:] and grad_h.dtype == values.dtype):
+        with profiler_range(BACKWARD_NAME):
+            grad_values, grad_w, grad_gamma = call.backward(
+                grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None)
+    else:
+        grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
+            grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None,
+            call.scale, rms_on, call.backend)
+    if rmsnorm_gamma is None:
+        return grad_values, grad_w, None
+    if not rms_on:
+        return grad_values, grad_w, torch.zeros_like(rmsnorm_gamma)  # unused without RMSNorm
+    return grad_values, grad_w, grad_gamma
+
+
+_HANDOFF: CallHandoff[BlockAttnResCall] = CallHandoff()
+
+
 def _block_attn_res_impl(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor],
                       scale: float, rmsnorm_eps: float, enable_rmsnorm: bool,
-                      backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                      backend: str = AUTO) -> tuple[Tensor, Tensor, Tensor]:
     """values [L, B, T, D] -> (h [B, T, D], rms [B, T, L, 1] or empty, alpha [B, T, L])."""
-    with autocast_disabled(values.device.type):
-        module = _backend_module(backend, values)
-        return module.block_attn_res_forward(values, proj_weight, rmsnorm_gamma, scale,
-                                             rmsnorm_eps, enable_rmsnorm)
+    call = _bind_op(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm,
+                    backend)
+    _HANDOFF.put((values, proj_weight, rmsnorm_gamma), call)
+    return call.forward(values, proj_weight, rmsnorm_gamma)
 
 
-block_attn_res_op = torch.library.custom_op("nkilib_msda::block_attn_res", _block_attn_res_impl,
-                                            mutates_args=())
+def _bind_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor], scale: float,
+             rmsnorm_eps: float, enable_rmsnorm: bool, backend: str) -> BlockAttnResCall:
+    problem = validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
+                                      enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
+    return _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
+                 enable_rmsnorm)
 
 
-@block_attn_res_op.register_fake
 def _block_attn_res_fake(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm,
-                         backend="auto"):
+                         backend=AUTO):
+    _HANDOFF.clear()
     n_src, b, t, d = values.shape
     cd = _compute_dtype(values.dtype)
     rms_shape = (b, t, n_src, 1) if enable_rmsnorm else (0,)
@@ -78,58 +185,52 @@ def _block_attn_res_fake(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
             values.new_empty((b, t, n_src), dtype=cd))
 
 
-def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: Tensor, alpha: Tensor,
-                               rmsnorm_gamma: Optional[Tensor], rms: Optional[Tensor], scale: float,
-                               enable_rmsnorm: bool, backend: str = "auto"
-                               ) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
-    with autocast_disabled(values.device.type):
-        module = _backend_module(backend, values)
-        return module.block_attn_res_backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma,
-                                              rms, scale, enable_rmsnorm)
-
-
-block_attn_res_backward_op = torch.library.custom_op(
-    "nkilib_msda::block_attn_res_backward", _block_attn_res_backward_impl, mutates_args=())
-
-
-@block_attn_res_backward_op.register_fake
-def _block_attn_res_backward_fake(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, scale,
-                                  enable_rmsnorm, backend="auto"):
-    grad_gamma = (proj_weight.new_empty(rmsnorm_gamma.shape, dtype=rmsnorm_gamma.dtype)
-                  if enable_rmsnorm else proj_weight.new_empty((0,)))
-    return values.new_empty(values.shape), proj_weight.new_empty(proj_weight.shape), grad_gamma
-
-
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    values, proj_weight, rmsnorm_gamma, scale, _eps, enable_rmsnorm, backend = inputs
+    values, proj_weight, rmsnorm_gamma, scale, eps, enable_rmsnorm, backend = inputs
     _h, rms, alpha = output
-    ctx.save_for_backward(values, proj_weight, rmsnorm_gamma, rms, alpha)
-    ctx.scale, ctx.enable_rmsnorm, ctx.backend = scale, enable_rmsnorm, backend
-    ctx.mark_non_differentiable(rms, alpha)
+    call = _HANDOFF.take((values, proj_weight, rmsnorm_gamma))
+    if call is None:  # the fake kernel ran (tracing): bind the traced arguments
+        call = _bind_op(values, proj_weight, rmsnorm_gamma, scale, eps, enable_rmsnorm, backend)
+    _save_context(ctx, values, proj_weight, rmsnorm_gamma, rms, alpha, call)
 
 
 def _backward(ctx: Any, grad_h: Tensor, _grad_rms: Tensor, _grad_alpha: Tensor) -> tuple:
-    values, proj_weight, rmsnorm_gamma, rms, alpha = ctx.saved_tensors
-    rms_on = ctx.enable_rmsnorm
-    grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
-        grad_h.contiguous(), values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None,
-        ctx.scale, rms_on, ctx.backend)
-    if rmsnorm_gamma is None:
-        grad_gamma = None
-    elif not rms_on:
-        grad_gamma = torch.zeros_like(rmsnorm_gamma)  # gamma is unused without RMSNorm
+    grad_values, grad_w, grad_gamma = block_attn_res_input_gradients(ctx, grad_h)
     return grad_values, grad_w, grad_gamma, None, None, None, None
 
 
-block_attn_res_op.register_autograd(_backward, setup_context=_setup_context)
+block_attn_res_op = register_operator("block_attn_res", _block_attn_res_impl,
+                                      _block_attn_res_fake, backward=_backward,
+                                      setup_context=_setup_context)
 
-# TorchNeuron's device (PrivateUse1) and autocast: as for the MSDA operators (ops.py).
-block_attn_res_op.register_kernel("privateuseone")(_block_attn_res_impl)
-block_attn_res_backward_op.register_kernel("privateuseone")(_block_attn_res_backward_impl)
-_LIB = torch.library.Library("nkilib_msda", "FRAGMENT")  # noqa: TOR901 - keys custom_op lacks
-register_autocast_passthrough(_LIB, "block_attn_res")
-register_autocast_passthrough(_LIB, "block_attn_res_backward")
+
+class BlockAttnResFunction(torch.autograd.Function):
+    """The eager fast path's autograd node: the same context and backward as the operator's."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None,
+                call: BlockAttnResCall) -> tuple[Tensor, Tensor, Tensor]:
+        with profiler_range(FORWARD_NAME):
+            h, rms, alpha = call.forward(values, proj_weight, rmsnorm_gamma)
+        _save_context(ctx, values, proj_weight, rmsnorm_gamma, rms, alpha, call)
+        return h, rms, alpha
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: Tensor, _grad_rms: Tensor, _grad_alpha: Tensor) -> tuple:
+        return (*block_attn_res_input_gradients(ctx, grad_h), None)
+
+
+def _run_forward(call: BlockAttnResCall, values: Tensor, proj_weight: Tensor,
+                 rmsnorm_gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The bound call directly in plain eager mode (CPU/CUDA), else the registered operator."""
+    tensors = [t for t in (values, proj_weight, rmsnorm_gamma) if t is not None]
+    if values.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return BlockAttnResFunction.apply(values, proj_weight, rmsnorm_gamma, call)
+        with profiler_range(FORWARD_NAME):
+            return call.forward(values, proj_weight, rmsnorm_gamma)
+    return block_attn_res_op(values, proj_weight, rmsnorm_gamma, call.scale, call.rmsnorm_eps,
+                             call.enable_rmsnorm, call.backend)
 
 
 # ---------------------------------------------------------------- public functions
@@ -151,12 +252,12 @@ def block_attn_res(blocks: Sequence[Tensor], proj_weight: Tensor, partial_block:
     [B, T, L] (fp32) when ``rms_out_flag`` / ``alpha_out_flag``: ``h``, ``(h, rms)``,
     ``(h, alpha)`` or ``(h, rms, alpha)``. Differentiable in blocks, partial, weight and gamma.
     """
-    validate_block_attn_res_args(blocks, proj_weight, partial_block, scale, rmsnorm_eps,
-                                 rmsnorm_gamma, enable_rmsnorm, rms_out_flag,
-                                 allowed_dtypes=_ALL_DTYPES)
-    name = select_backend(backend, blocks[0].device, blocks[0].dtype)
-    h, rms, alpha = block_attn_res_op(_stack(blocks, partial_block), proj_weight, rmsnorm_gamma,
-                                      float(scale), float(rmsnorm_eps), bool(enable_rmsnorm), name)
+    problem = validate_block_attn_res_args(blocks, proj_weight, partial_block, scale, rmsnorm_eps,
+                                           rmsnorm_gamma, enable_rmsnorm, rms_out_flag,
+                                           allowed_dtypes=_ALL_DTYPES)
+    call = _bind(problem, backend, blocks[0].device, blocks[0].dtype, scale, rmsnorm_eps,
+                 enable_rmsnorm)
+    h, rms, alpha = _run_forward(call, _stack(blocks, partial_block), proj_weight, rmsnorm_gamma)
     extras = ([rms] if rms_out_flag else []) + ([alpha] if alpha_out_flag else [])
     return (h, *extras) if extras else h
 
@@ -168,15 +269,20 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
                             backend: str | None = None) -> tuple:
     """Gradients from the forward's caches: ``(grad_blocks list, grad_partial or None, grad_w)``,
     plus ``grad_gamma`` with RMSNorm; each in its input's dtype."""
-    validate_block_attn_res_backward_args(grad_h, blocks, proj_weight, alpha_cache, partial_block,
-                                          rmsnorm_gamma, rms_cache, scale, enable_rmsnorm,
-                                          allowed_dtypes=_ALL_DTYPES)
-    name = select_backend(backend, blocks[0].device, blocks[0].dtype)
+    problem = validate_block_attn_res_backward_args(
+        grad_h, blocks, proj_weight, alpha_cache, partial_block, rmsnorm_gamma, rms_cache, scale,
+        enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
+    call = _bind(problem, backend, blocks[0].device, blocks[0].dtype, scale, 0.0, enable_rmsnorm)
     with torch.no_grad():
-        grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
-            grad_h.contiguous(), _stack(blocks, partial_block), proj_weight, alpha_cache,
-            rmsnorm_gamma if enable_rmsnorm else None, rms_cache if enable_rmsnorm else None,
-            float(scale), bool(enable_rmsnorm), name)
+        args = (grad_h.contiguous(), _stack(blocks, partial_block), proj_weight, alpha_cache,
+                rmsnorm_gamma if enable_rmsnorm else None, rms_cache if enable_rmsnorm else None)
+        tensors = [t for t in args if t is not None]
+        if args[1].device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
+            with profiler_range(BACKWARD_NAME):
+                grad_values, grad_w, grad_gamma = call.backward(*args)
+        else:
+            grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
+                *args, call.scale, call.enable_rmsnorm, call.backend)
     n_blocks = len(blocks)
     grad_blocks = list(grad_values[:n_blocks].unbind(0))
     grad_partial = grad_values[n_blocks] if partial_block is not None else None

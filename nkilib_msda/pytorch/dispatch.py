@@ -2,9 +2,13 @@
 
 - An explicit choice (argument or environment variable) must work: a backend that is not
   available, or cannot do the requested mode, raises an error saying why.
-- The automatic choice (``None`` / ``"auto"`` and no environment variable) goes by device:
-  CUDA -> "triton", TorchNeuron's ``neuron`` device -> "nki", anything else -> "reference";
-  when the device's backend cannot run the call it falls back to "reference".
+- The automatic choice (``None`` / ``"auto"`` and no environment variable) goes by device: the
+  first registered backend that declares itself the default for the device type
+  (``CAPABILITIES.default_for``: CUDA -> "triton", TorchNeuron's ``neuron`` device -> "nki"),
+  else the fallback backend ("reference"), which it also falls back to when the device's
+  backend cannot run the call.
+- Whether a backend can run a call is its own answer (``unsupported_reason``: its declared
+  capabilities, then its problem-dependent limits); this module holds no backend facts.
 - A forward-only call (``needs_backward=False``) is checked against the forward's limits only;
   the backward's limits are checked when the backward runs (see docs/torch.md).
 
@@ -20,17 +24,16 @@ import torch
 
 from nkilib_msda._env import match_word, read_env
 from nkilib_msda.backends import (
-    BACKEND_NAMES, BLOCK_ATTN_RES_BACKENDS, BackendUnavailableError, get_backend)
+    BACKEND_NAMES, FALLBACK_BACKEND, BackendUnavailableError, block_attn_res_backends, get_backend)
+from nkilib_msda.backends.protocol import NEURON_DEVICE_TYPES
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "requested_backend",
-           "device_default_backend", "select_backend", "select_block_attn_res_backend"]
+           "device_default_backend", "select_backend", "select_block_attn_res_backend",
+           "backward_backend"]
 
 ENV_VAR = "NKILIB_MSDA_BACKEND"
 AUTO = "auto"
-# TorchNeuron's native device is PrivateUse1 renamed to "neuron"; "privateuseone" in case the
-# rename has not happened. (PyTorch/XLA does not run on Trn2/Trn3, so "xla" is not one.)
-NEURON_DEVICE_TYPES = ("neuron", "privateuseone")
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,13 @@ class BackendChoice:
 
 
 def requested_backend(backend: str | None, device: torch.device,
-                      names: tuple[str, ...] = BACKEND_NAMES) -> BackendChoice:
-    """Resolve the requested backend name (one of ``names``) without checking that it can run.
+                      names: tuple[str, ...] | None = None) -> BackendChoice:
+    """Resolve the requested backend name (one of ``names``, default: every registered
+    backend) without checking that it can run.
 
     ``NKILIB_MSDA_BACKEND`` naming a backend outside ``names`` (e.g. "triton" for Block
     AttnRes) selects by device instead."""
+    names = BACKEND_NAMES if names is None else names
     if backend is not None:  # the package's one rule for words: any case
         try:
             backend = match_word("backend", backend, (AUTO, *names))
@@ -64,16 +69,32 @@ def requested_backend(backend: str | None, device: torch.device,
         if env in names:
             return BackendChoice(env, ENV_VAR)
     default = device_default_backend(device)
-    return BackendChoice(default if default in names else "reference", "device")
+    return BackendChoice(default if default in names else FALLBACK_BACKEND, "device")
 
 
 def device_default_backend(device: torch.device) -> str:
-    """'triton' for CUDA, 'nki' for TorchNeuron's device, otherwise 'reference'."""
-    if device.type == "cuda":
-        return "triton"
-    if device.type in NEURON_DEVICE_TYPES:
-        return "nki"
-    return "reference"
+    """The first backend declaring itself the default for ``device``'s type, else the
+    fallback ('triton' for CUDA, 'nki' for TorchNeuron's device, otherwise 'reference')."""
+    key = (device.type, BACKEND_NAMES)
+    name = _DEVICE_DEFAULTS.get(key)
+    if name is None:
+        name = _DEVICE_DEFAULTS[key] = _first_declaring_default(device.type)
+    return name
+
+
+# Declarations are constants: the answer per (device type, registry) is computed once.
+_DEVICE_DEFAULTS: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _first_declaring_default(device_type: str) -> str:
+    for name in BACKEND_NAMES:
+        try:
+            module = get_backend(name)
+        except BackendUnavailableError:
+            continue
+        if device_type in module.CAPABILITIES.default_for:
+            return name
+    return FALLBACK_BACKEND
 
 
 def _why_not(name: str, problem: MSDAProblem, value: torch.Tensor,
@@ -88,9 +109,8 @@ def _why_not(name: str, problem: MSDAProblem, value: torch.Tensor,
     if not torch.compiler.is_compiling() and not module.is_available():
         return f"backend {name!r} is not available in this environment", True
     reason = module.unsupported_reason(problem, value, sampling_locations)
-    backward_reason = getattr(module, "backward_unsupported_reason", None)
-    if reason is None and needs_backward and backward_reason is not None:
-        reason = backward_reason(problem, value, sampling_locations)
+    if reason is None and needs_backward:
+        reason = module.backward_unsupported_reason(problem, value, sampling_locations)
     return reason, False
 
 
@@ -98,7 +118,7 @@ def _resolve(choice: BackendChoice, reason: str | None, unavailable: bool) -> st
     if reason is None:
         return choice.name
     if not choice.explicit:
-        return "reference"
+        return FALLBACK_BACKEND
     where = "backend argument" if choice.source == "argument" else choice.source
     message = f"backend={choice.name!r} cannot run this call (from the {where}): {reason}"
     raise BackendUnavailableError(message) if unavailable else ValueError(message)
@@ -115,10 +135,25 @@ def select_backend(backend: str | None, problem: MSDAProblem, value: torch.Tenso
                                       needs_backward))
 
 
+def backward_backend(name: str, backend: str | None, problem: MSDAProblem, value: torch.Tensor,
+                     sampling_locations: torch.Tensor) -> str:
+    """The backend for the backward of a call whose forward ran on ``name``, which
+    :func:`select_backend` chose from the request ``backend`` with the forward's limits only:
+    ``name`` when its backward can run the call; otherwise, like :func:`select_backend`, an
+    error for an explicit request and the fallback for an automatic one."""
+    reason = get_backend(name).backward_unsupported_reason(problem, value, sampling_locations)
+    if reason is None:
+        return name
+    choice = requested_backend(backend, value.device)
+    if name != choice.name:  # already the automatic fallback
+        choice = BackendChoice(name, "device")
+    return _resolve(choice, reason, False)
+
+
 def select_block_attn_res_backend(backend: str | None, device: torch.device,
                                   dtype: torch.dtype) -> str:
     """The Block AttnRes backend, by the same rules, among those implementing it."""
-    choice = requested_backend(backend, device, BLOCK_ATTN_RES_BACKENDS)
+    choice = requested_backend(backend, device, block_attn_res_backends())
     try:
         module = get_backend(choice.name)
     except BackendUnavailableError as exc:

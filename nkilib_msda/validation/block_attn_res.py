@@ -16,7 +16,8 @@ from nkilib_msda.hardware import PARTITIONS
 from nkilib_msda.validation.msda import dtype_name
 
 __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
-           "validate_block_attn_res_args", "validate_block_attn_res_backward_args"]
+           "validate_block_attn_res_args", "validate_block_attn_res_backward_args",
+           "validate_stacked_values", "validate_stacked_backward_args"]
 
 KERNEL_DTYPES = ("bfloat16", "float16", "float32")
 MAX_BLOCKS = 127
@@ -163,3 +164,57 @@ def validate_block_attn_res_backward_args(grad_h: Any, blocks: Sequence[Any], pr
                     "[B, T, L, 1]")
     return BlockAttnResProblem(batch, seq_len, dim, n_blocks, partial_block is not None, dtype,
                                bool(enable_rmsnorm))
+
+
+# ------------------------------------------------------- the registered operators' form
+
+
+def _check_values(values: Any, allowed_dtypes: Sequence[str]
+                  ) -> tuple[tuple[int, int, int, int], str, str | None]:
+    shape = _tensor("values", values)
+    if len(shape) != 4 or min(shape) < 1:
+        raise ValueError(f"values: expected a non-empty [L, B, T, D] tensor (the sources "
+                         f"stacked), got {_describe(values)}")
+    if shape[0] > MAX_SOURCES:
+        raise ValueError(f"values: expected at most {MAX_SOURCES} sources L in [L, B, T, D], "
+                         f"got {_describe(values)}")
+    dtype = dtype_name(values.dtype)
+    if dtype not in allowed_dtypes:
+        raise ValueError(f"values: expected dtype {' or '.join(allowed_dtypes)}, got "
+                         f"{_describe(values)}")
+    return shape, dtype, _device(values)  # type: ignore[return-value]
+
+
+def validate_stacked_values(values: Any, proj_weight: Any, rmsnorm_gamma: Any, scale: float,
+                            rmsnorm_eps: float, enable_rmsnorm: bool, *,
+                            allowed_dtypes: Sequence[str] = KERNEL_DTYPES) -> BlockAttnResProblem:
+    """Check the forward operator's arguments: the L sources stacked as values [L, B, T, D]
+    (the partial block, if any, last; the problem counts L blocks and no partial)."""
+    (n_src, batch, seq_len, dim), dtype, device = _check_values(values, allowed_dtypes)
+    _check_weights(proj_weight, rmsnorm_gamma, enable_rmsnorm, dim, dtype, device)
+    _check_number("scale", scale)
+    _check_number("rmsnorm_eps", rmsnorm_eps, minimum=0.0)
+    return BlockAttnResProblem(batch, seq_len, dim, n_src, False, dtype, bool(enable_rmsnorm))
+
+
+def validate_stacked_backward_args(grad_h: Any, values: Any, proj_weight: Any, alpha: Any,
+                                   rmsnorm_gamma: Any, rms: Any, scale: float,
+                                   enable_rmsnorm: bool, *,
+                                   allowed_dtypes: Sequence[str] = KERNEL_DTYPES
+                                   ) -> BlockAttnResProblem:
+    """Check the backward operator's arguments (values [L, B, T, D] as in
+    :func:`validate_stacked_values`, the forward's alpha [B, T, L] and rms [B, T, L, 1])."""
+    (n_src, batch, seq_len, dim), dtype, device = _check_values(values, allowed_dtypes)
+    _check_like("grad_h", grad_h, (batch, seq_len, dim), (dtype,), device, "[B, T, D] like values")
+    _check_weights(proj_weight, rmsnorm_gamma, enable_rmsnorm, dim, dtype, device)
+    _check_number("scale", scale)
+    float_dtypes = (*KERNEL_DTYPES, "float64")
+    if alpha is None:
+        raise ValueError("alpha: required (the forward's alpha [B, T, L]), got None")
+    _check_like("alpha", alpha, (batch, seq_len, n_src), float_dtypes, device, "[B, T, L]")
+    if enable_rmsnorm:
+        if rms is None:
+            raise ValueError("rms: required when enable_rmsnorm=True (the forward's rms "
+                             "[B, T, L, 1]), got None")
+        _check_like("rms", rms, (batch, seq_len, n_src, 1), float_dtypes, device, "[B, T, L, 1]")
+    return BlockAttnResProblem(batch, seq_len, dim, n_src, False, dtype, bool(enable_rmsnorm))

@@ -1,0 +1,88 @@
+"""How the package's torch operators are registered (MSDA and Block AttnRes alike).
+
+:func:`register_operator` makes one ``torch.library.custom_op`` with
+
+- its implementation for every device, also registered for ``PrivateUse1`` (TorchNeuron's
+  ``neuron`` device: the same body, whose automatic backend choice there is "nki");
+- a fake (meta) kernel, so tracing, ``torch.compile``, ``torch.export`` and meta tensors see
+  shapes without running anything;
+- ``AutocastCPU`` / ``AutocastCUDA`` kernels that rerun it with autocast off, so an autocast
+  region never changes what it computes (it works in the dtypes it receives);
+- optionally autograd (``backward`` and ``setup_context``).
+
+:class:`CallHandoff` passes the call object an implementation bound from its arguments on to
+the ``setup_context`` that follows it, so the autograd node re-uses it instead of binding again.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Generic, TypeVar
+
+import torch
+
+__all__ = ["LIBRARY", "register_operator", "CallHandoff"]
+
+LIBRARY = "nkilib_msda"
+# custom_op cannot register autocast keys itself: they go through a Library fragment.
+_LIB = torch.library.Library(LIBRARY, "FRAGMENT")  # noqa: TOR901 - keys custom_op lacks
+# TorchNeuron's device is PrivateUse1 renamed to "neuron"; "privateuseone" is the name
+# torch.library accepts before (and after) the rename.
+_NEURON_KEY = "privateuseone"
+_AUTOCAST_KEYS = (("AutocastCPU", "cpu"), ("AutocastCUDA", "cuda"))
+
+
+def register_operator(name: str, impl: Callable[..., Any], fake: Callable[..., Any], *,
+                      backward: Callable[..., Any] | None = None,
+                      setup_context: Callable[..., Any] | None = None) -> Any:
+    """Register ``nkilib_msda::name`` (see the module docstring); returns the custom op."""
+    op = torch.library.custom_op(f"{LIBRARY}::{name}", impl, mutates_args=())
+    op.register_fake(fake)
+    op.register_kernel(_NEURON_KEY)(impl)
+    for key, device_type in _AUTOCAST_KEYS:
+        _LIB.impl(name, _autocast_off(name, device_type), key)
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def _autocast_off(name: str, device_type: str) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, enabled=False):
+            return getattr(torch.ops.nkilib_msda, name).default(*args, **kwargs)
+
+    return kernel
+
+
+CallT = TypeVar("CallT")
+
+
+class CallHandoff(Generic[CallT]):
+    """One slot per thread: an operator implementation ``put``s the call it bound for its
+    input tensors; the ``setup_context`` that follows it ``take``s it back for the same tensor
+    objects (held by weak reference, so a slot nobody takes keeps nothing alive; None stands
+    for an absent optional tensor). Anything
+    else (a fake kernel ran instead, another thread) finds nothing and binds anew."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def put(self, tensors: tuple[Any, ...], call: CallT) -> None:
+        self._local.slot = (tuple(None if t is None else weakref.ref(t) for t in tensors), call)
+
+    def clear(self) -> None:
+        self._local.slot = None
+
+    def take(self, tensors: tuple[Any, ...]) -> CallT | None:
+        slot = getattr(self._local, "slot", None)
+        self._local.slot = None
+        if slot is None:
+            return None
+        refs, call = slot
+        if len(refs) != len(tensors):
+            return None
+        for ref, t in zip(refs, tensors):
+            if (t if ref is None else ref()) is not t or (ref is None) != (t is None):
+                return None
+        return call

@@ -1,0 +1,187 @@
+"""One MSDA call, bound once: the validated problem, the backend chosen for it and the options.
+
+:func:`bind_msda_call` is the only place the torch layer turns user or operator arguments into
+a call: it checks them (:func:`~nkilib_msda.pytorch.problem_cache.validated_problem`, memoized
+on the call's static facts) and selects the backend (:func:`.dispatch.select_backend`), once.
+The functional API binds the user's arguments; the registered operators bind theirs (the
+untrusted boundary: anyone may call ``torch.ops.nkilib_msda.*``). Forward and backward then
+take the :class:`MsdaCall`, never the raw arguments again.
+
+After validation ``spatial_shapes`` has one form, ``problem.spatial_shapes`` (a tuple of
+(H, W) int pairs); the operators' flat int list ``[H0, W0, H1, W1, ...]`` exists only on the
+operator boundary (:meth:`MsdaCall.op_args`, :func:`bind_msda_op_call`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nkilib_msda._env import check_optional_bool
+from nkilib_msda.backends import get_backend
+from nkilib_msda.pytorch import dispatch
+from nkilib_msda.pytorch._modes import autocast_disabled
+from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.validation.msda import MSDAProblem
+
+__all__ = ["MsdaCall", "bind_msda_call", "bind_msda_op_call", "spatial_shapes_from_flat",
+           "needs_input_grad"]
+
+
+def needs_input_grad(*tensors: Any) -> bool:
+    """Whether autograd will record this call (grad mode on and an input requires grad)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+@dataclass(frozen=True)
+class MsdaCall:
+    """A validated MSDA call and the backend that runs it.
+
+    ``backend`` was selected for ``problem`` from ``request`` (the ``backend=`` argument, None
+    for automatic); ``backward_checked`` says the selection also checked the backward's limits
+    (otherwise :meth:`for_backward` does, once, when autograd records the call).
+    """
+
+    problem: MSDAProblem
+    backend: str
+    request: str | None
+    deterministic: bool | None
+    backward_checked: bool
+
+    # ------------------------------------------------------------------ compute
+
+    def forward(self, value: Tensor, sampling_locations: Tensor,
+                attention_weights: Tensor) -> Tensor:
+        """(B, N_q, N_h*C_h) in value's dtype; empty problems call no kernel."""
+        if _is_empty(self.problem):
+            return value.new_zeros(self.problem.output_shape)
+        with autocast_disabled(value.device.type):
+            out = get_backend(self.backend).msda_forward(value, self.problem, sampling_locations,
+                                                         attention_weights)
+        return _as_like(out, value.dtype, None)
+
+    def backward(self, grad_output: Tensor, value: Tensor, sampling_locations: Tensor,
+                 attention_weights: Tensor, compute: tuple[bool, bool, bool]
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """(grad_value, grad_sampling_locations, grad_attention_weights), each in its input's
+        shape, layout and dtype; zeros where ``compute`` is False. ``grad_output`` must have
+        been checked against the problem (:meth:`check_grad_output` or the binding)."""
+        flags = (bool(compute[0]), bool(compute[1]), bool(compute[2]))
+        if any(flags) and not _is_empty(self.problem):
+            with autocast_disabled(value.device.type):
+                grads = get_backend(self.backend).msda_backward(
+                    grad_output, value, self.problem, sampling_locations, attention_weights,
+                    flags, deterministic=self.deterministic)
+        else:
+            grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
+                     torch.zeros_like(attention_weights))
+        grad_value, grad_loc, grad_attn = grads
+        return (_as_like(grad_value, value.dtype, value.shape),
+                _as_like(grad_loc, sampling_locations.dtype, sampling_locations.shape),
+                _as_like(grad_attn, attention_weights.dtype, attention_weights.shape))
+
+    # ------------------------------------------------------------------ checks
+
+    def for_backward(self, value: Tensor, sampling_locations: Tensor) -> "MsdaCall":
+        """This call with its backend checked against the backward's limits (itself when
+        already checked): the same backend when its backward can run the call, otherwise an
+        error for an explicit choice and the fallback backend for an automatic one."""
+        if self.backward_checked:
+            return self
+        name = dispatch.backward_backend(self.backend, self.request, self.problem, value,
+                                         sampling_locations)
+        return replace(self, backend=name, backward_checked=True)
+
+    def check_grad_output(self, grad_output: Tensor, value: Tensor, sampling_locations: Tensor,
+                          attention_weights: Tensor) -> None:
+        """Raise the validation's error unless ``grad_output`` is (B, N_q, N_h*C_h) in a float
+        dtype (the autograd engine hands a node exactly its output's shape and dtype)."""
+        p = self.problem
+        if grad_output.shape == p.output_shape and grad_output.dtype == value.dtype:
+            return
+        validated_problem(value, p.spatial_shapes, p.level_start_index, sampling_locations,
+                          attention_weights, p.value_layout, p.sampling_locations_layout,
+                          p.align_corners, p.padding_mode, grad_output=grad_output)
+
+    # ------------------------------------------------------------------ operator boundary
+
+    def op_args(self) -> tuple[list[int], list[int], str, str, bool, str]:
+        """(flat spatial shapes, level starts, value_layout, sampling_locations_layout,
+        align_corners, padding_mode) as the operators take them."""
+        p = self.problem
+        return ([d for pair in p.spatial_shapes for d in pair], list(p.level_start_index),
+                p.value_layout, p.sampling_locations_layout, p.align_corners, p.padding_mode)
+
+
+def _is_empty(problem: MSDAProblem) -> bool:
+    """B = 0 or N_q = 0: the output is empty and no kernel runs."""
+    return problem.batch == 0 or problem.num_queries == 0
+
+
+def _as_like(x: Tensor, dtype: torch.dtype, shape: torch.Size | None) -> Tensor:
+    """``x.to(dtype).reshape(shape).contiguous()``, skipping the calls that would be no-ops
+    (each costs microseconds of host time)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    if shape is not None and x.shape != shape:
+        x = x.reshape(shape)
+    return x.contiguous()
+
+
+def _check_tensors(value: Any, sampling_locations: Any, attention_weights: Any) -> None:
+    for name, x in (("value", value), ("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_devices(value: Tensor, sampling_locations: Tensor, attention_weights: Tensor) -> None:
+    for name, x in (("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if x.device != value.device:
+            raise ValueError(f"{name}: expected a tensor on value's device {value.device}, "
+                             f"got one on {x.device}")
+
+
+def bind_msda_call(value: Any, spatial_shapes: Any, level_start_index: Any,
+                   sampling_locations: Any, attention_weights: Any, value_layout: Any,
+                   sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                   backend: Any, deterministic: Any, *, needs_backward: bool,
+                   grad_output: Any = None) -> MsdaCall:
+    """Validate the arguments (once, memoized) and select the backend (once): the call.
+
+    ``backend``: None or "auto" (automatic), or a backend name. ``needs_backward``: select
+    with the backward's limits too (autograd will record the call). ``grad_output``: the
+    backward operator's incoming gradient, validated with the rest."""
+    deterministic = check_optional_bool("deterministic", deterministic)
+    _check_tensors(value, sampling_locations, attention_weights)
+    problem = validated_problem(value, spatial_shapes, level_start_index, sampling_locations,
+                                attention_weights, value_layout, sampling_locations_layout,
+                                align_corners, padding_mode, grad_output=grad_output)
+    _check_devices(value, sampling_locations, attention_weights)
+    request = None if backend == dispatch.AUTO else backend
+    name = dispatch.select_backend(request, problem, value, sampling_locations,
+                                   needs_backward=needs_backward)
+    return MsdaCall(problem, name, request, deterministic, needs_backward)
+
+
+def spatial_shapes_from_flat(flat: list[int]) -> tuple[tuple[int, int], ...]:
+    """The operators' ``[H0, W0, H1, W1, ...]`` as (H, W) pairs (checked by the validation)."""
+    if len(flat) % 2:
+        raise ValueError(f"spatial_shapes: expected a flat list [H0, W0, H1, W1, ...], got {flat!r}")
+    return tuple((int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2))
+
+
+def bind_msda_op_call(value: Tensor, spatial_shapes: list[int], level_start_index: list[int],
+                      sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
+                      sampling_locations_layout: str, align_corners: bool, padding_mode: str,
+                      backend: str, deterministic: bool | None, *, needs_backward: bool,
+                      grad_output: Tensor | None = None) -> MsdaCall:
+    """:func:`bind_msda_call` for the operators' arguments (flat spatial shapes)."""
+    return bind_msda_call(value, spatial_shapes_from_flat(spatial_shapes), list(level_start_index),
+                          sampling_locations, attention_weights, value_layout,
+                          sampling_locations_layout, align_corners, padding_mode, backend,
+                          deterministic, needs_backward=needs_backward, grad_output=grad_output)
