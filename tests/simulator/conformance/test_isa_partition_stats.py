@@ -152,3 +152,46 @@ def test_range_select_keeps_the_index_window_and_reduces_max():
     want = np.where(keep, x, np.float32(-1e30))
     np.testing.assert_array_equal(d, want)
     np.testing.assert_array_equal(r[:, 0], want.max(1))
+
+
+# -- forms AWS's hardware-tested kernels use that the docs do not promise (hazard warnings) --
+def test_nc_version_ordering_is_by_value_with_a_hazard_warning():
+    """nki.isa.nc_version is documented as a plain Enum (``_modules/nki/isa.html``)."""
+    from nkilib_msda.simulator import NkiHazardWarning
+
+    with pytest.warns(NkiHazardWarning, match="nc_version ordering"):
+        assert nisa.nc_version.gen4 >= nisa.nc_version.gen3
+    with pytest.warns(NkiHazardWarning, match="nc_version ordering"):
+        assert not nisa.nc_version.gen2 >= 3
+    with pytest.warns(NkiHazardWarning):
+        assert nisa.nc_version.gen3 < nisa.nc_version.gen4
+    assert nisa.nc_version.gen3 == nisa.nc_version.gen3
+    with pytest.raises(TypeError):
+        nisa.nc_version.gen3 < "gen4"  # noqa: B015
+
+
+def test_onchip_ap_with_the_views_row_length_as_partition_stride():
+    """nki/deep-dives/nki-aps.html: the partition pair steps partitions; a stride equal to the
+    view's row length (not the tile's) is accepted with a hazard warning, anything else is an
+    error."""
+    from nkilib_msda.simulator import NkiHazardWarning
+
+    x = RNG.standard_normal((8, 64)).astype(np.float32)
+
+    def body(h):
+        t = load(h)
+        view = t[:, 16:32]
+        a = view.ap([[16, 8], [1, 16]])  # row length of the view, not 64
+        d = nl.ndarray((8, 16), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=d, src=a)
+        return store(d)
+
+    with pytest.warns(NkiHazardWarning, match="partition stride"):
+        got = run(body, x, strict=False)
+    np.testing.assert_array_equal(got, x[:, 16:32])
+
+    def bad(h):
+        load(h)[:, 16:32].ap([[5, 8], [1, 16]])
+
+    with raises_rule("ap", "partition stride"):
+        run(bad, x)
