@@ -6,7 +6,7 @@ Usage::
         [--limit N] [--timeout-s 300] [--rerun] [--fit] [--markdown]
 
 nki-library's integration tests list, per configuration, a value measured on hardware
-(``tpbSgCyclesSum`` or ``cyclesQoR``; most likely picoseconds: see docs/timing.md). This script
+(``tpbSgCyclesSum`` or ``cyclesQoR``; most likely picoseconds: see docs/calibration.md). This script
 parses those lists from the checkout's test files (never importing the tests, which need the
 Neuron SDK), runs each in-scope configuration (bf16/fp16, not quantized) through the emulator
 with AWS's kernel imported unchanged from the checkout, checks the output against a float64
@@ -26,6 +26,8 @@ import dataclasses
 import json
 import math
 import os
+import pickle
+import hashlib
 import re
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "benchmarks" / "calibration_runs.json"
+GRAPHS = REPO / "benchmarks" / "calibration_graphs"  # pickled timing graphs (git-ignored)
 MEASURE_NAMES = ("tpbSgCyclesSum", "cyclesQoR")
 PS_PER_US = 1e6
 
@@ -520,7 +523,8 @@ def _lnc_of(v: dict[str, Any]) -> int:
     return int(v.get("lnc_degree", v.get("vnc_degree", 2)))
 
 
-def run_one(checkout: Path, kernel: str, values: dict[str, Any]) -> dict[str, Any]:
+def run_one(checkout: Path, kernel: str, values: dict[str, Any],
+            graph_path: Path | None = None) -> dict[str, Any]:
     """Run one configuration in this process; returns the JSON-able result."""
     import warnings
 
@@ -542,43 +546,99 @@ def run_one(checkout: Path, kernel: str, values: dict[str, Any]) -> dict[str, An
     timing = getattr(report, "timing", None)
     if timing is not None:
         result.update(estimate_us=timing.estimate_us, low_us=timing.low_us,
-                      high_us=timing.high_us, bound_by=str(timing.bound_by))
-        sens = _sensitivities(timing)
-        if sens is not None:
-            result["evaluations"] = sens
+                      high_us=timing.high_us, bound_by=str(timing.bound_by),
+                      lower_bound_us=timing.lower_bound_us,
+                      engine_busy_us={k: round(v, 3) for k, v in timing.engine_busy_us.items()},
+                      num_nodes=timing.num_nodes)
+        if graph_path is not None:  # the recorded graph, so the fit can re-schedule it
+            graph_path.parent.mkdir(parents=True, exist_ok=True)
+            graph_path.write_bytes(pickle.dumps(timing))
     return result
 
 
-def _sensitivities(timing: Any) -> dict[str, Any] | None:
-    """Modelled time at the nominal parameters and with each unknown parameter moved to its
-    low and high end (one at a time), so the fit can run from the cache."""
-    evaluate = getattr(timing, "evaluate", None)
-    params = getattr(timing, "params", None)
-    ranges = _param_ranges()
-    if evaluate is None or params is None or not ranges:
-        return None
-    nominal = dict(params)
-    out: dict[str, Any] = {"nominal": float(evaluate(nominal)), "grid": {}}
-    for name, (lo, _, hi) in ranges.items():
-        if name not in nominal:
+# -- fitting -------------------------------------------------------------------------------
+PRIOR_WEIGHT = 0.05  # pull of each parameter towards its nominal value, per unit of its range
+
+
+@dataclasses.dataclass
+class Sample:
+    kernel: str
+    key: str
+    recorded_us: float
+    timing: Any
+
+
+def _samples(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, Any],
+             set_name: str) -> list[Sample]:
+    """Records of the fit (``use_in_fit``) or check set (any recorded value) that ran, matched
+    their reference and have a timing graph."""
+    out = []
+    for r, d, scope, _ in rows:
+        fam = FAMILIES[r.kernel]
+        e = cache.get(r.key(), {})
+        if fam.set_name != set_name or not scope or d.recorded_ps is None:
             continue
-        pts = sorted({lo, nominal[name], hi, math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2})
-        out["grid"][name] = [[p, float(evaluate({**nominal, name: p}))] for p in pts]
+        if set_name == "fit" and not d.use_in_fit:
+            continue
+        if set_name == "check" and "placeholder" in d.note:
+            continue
+        path = graph_file(r.key())
+        if e.get("status") != "ran" or not e.get("match") or not path.exists():
+            continue
+        out.append(Sample(r.kernel, r.key(), d.recorded_ps / PS_PER_US,
+                          pickle.loads(path.read_bytes())))
     return out
 
 
-def _param_ranges() -> dict[str, tuple[float, float, float]]:
-    """(low, nominal, high) of the timing model's unknown parameters, if the model exists."""
-    try:
-        from nkilib_msda.simulator import timing_constants as tc  # type: ignore[attr-defined]
-    except ImportError:
-        return {}
-    ranges = getattr(tc, "UNKNOWN_PARAMETERS", None) or getattr(tc, "UNKNOWNS", None) or {}
-    out = {}
-    for name, spec in dict(ranges).items():
-        lo, nom, hi = (getattr(spec, a) for a in ("low", "nominal", "high")) \
-            if hasattr(spec, "low") else spec
-        out[name] = (float(lo), float(nom), float(hi))
+def fit(samples: list[Sample]) -> dict[str, Any]:
+    """Least squares on log(scale * modelled / recorded) over the unknown parameters (bounded
+    to their ranges, with a weak pull towards nominal so unidentified ones stay put) and one
+    free global scale."""
+    import numpy as np
+    from scipy.optimize import least_squares
+    ranges = samples[0].timing.ranges()
+    names = list(ranges)
+    lo = np.array([ranges[n][0] for n in names])
+    hi = np.array([ranges[n][2] for n in names])
+    nom = np.array([ranges[n][1] for n in names])
+    span = np.where(hi > lo, hi - lo, 1.0)
+    rec = np.log([s.recorded_us for s in samples])
+
+    def residuals(x: Any) -> Any:
+        p = dict(zip(names, x[:-1]))
+        model = np.log([s.timing.evaluate(p) for s in samples])
+        prior = PRIOR_WEIGHT * (x[:-1] - nom) / span
+        return np.concatenate([x[-1] + model - rec, prior])
+
+    x0 = np.concatenate([nom, [0.0]])
+    free = hi > lo
+    lb = np.concatenate([np.where(free, lo, lo - 1e-9), [math.log(0.1)]])
+    ub = np.concatenate([np.where(free, hi, hi + 1e-9), [math.log(10.0)]])
+    res = least_squares(residuals, x0, bounds=(lb, ub), x_scale=np.concatenate([span, [1.0]]),
+                        diff_step=1e-3)
+    params = dict(zip(names, (float(v) for v in res.x[:-1])))
+    return {"params": params, "scale": float(math.exp(res.x[-1])), "nominal": dict(zip(names, nom)),
+            "ranges": ranges, "cost": float(res.cost), "success": bool(res.success),
+            "at_bound": [n for n, v, a, b in zip(names, res.x[:-1], lo, hi)
+                         if b > a and (abs(v - a) < 1e-6 * (b - a) or abs(v - b) < 1e-6 * (b - a))]}
+
+
+def errors(samples: list[Sample], params: dict[str, float], scale: float) -> dict[str, Any]:
+    """Per kernel and overall: n, median |ratio - 1|, worst factor max(ratio, 1/ratio)."""
+    import numpy as np
+    by: dict[str, list[float]] = {}
+    for s in samples:
+        by.setdefault(s.kernel, []).append(scale * s.timing.evaluate(params) / s.recorded_us)
+    out: dict[str, Any] = {}
+    everything = [r for v in by.values() for r in v]
+    for name, ratios in list(by.items()) + [("all", everything)]:
+        if not ratios:
+            continue
+        a = np.array(ratios)
+        out[name] = {"n": int(a.size), "median_abs_err": float(np.median(np.abs(a - 1))),
+                     "worst_factor": float(np.max(np.maximum(a, 1 / a))),
+                     "median_ratio": float(np.median(a)), "min_ratio": float(a.min()),
+                     "max_ratio": float(a.max())}
     return out
 
 
@@ -604,6 +664,10 @@ def collect(checkout: Path, kernels: Iterable[str]) -> list[tuple[Record, Decisi
             scope, why = in_scope(r)
             rows.append((r, decide(r, measures), scope, why))
     return rows
+
+
+def graph_file(key: str) -> Path:
+    return GRAPHS / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".pkl")
 
 
 def _load_cache() -> dict[str, Any]:
@@ -634,12 +698,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--no-run", action="store_true", help="print from the cache only")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--fit", action="store_true",
+                    help="fit the unknown parameters and a global scale on the fit set "
+                         "(qkv_tkg, mlp_tkg) and report the error on the check set")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     checkout = args.checkout.resolve()
     if args.run_one:
-        kernel, values = json.loads(args.run_one)
-        print(json.dumps(run_one(checkout, kernel, values)))
+        kernel, values, graph = json.loads(args.run_one)
+        print(json.dumps(run_one(checkout, kernel, values, Path(graph))))
         return 0
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     rows = collect(checkout, kernels)
@@ -652,7 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     for r, d, scope, why in rows:
         commit = kernel_commit(checkout, FAMILIES[r.kernel].kernel_file)
         entry = cache.get(r.key())
-        fresh = entry is not None and entry.get("commit") == commit and not args.rerun
+        fresh = (entry is not None and entry.get("commit") == commit and not args.rerun
+                 and (entry.get("status") != "ran" or graph_file(r.key()).exists()))
         if fresh or args.no_run or not scope or d.recorded_ps is None:
             continue
         if r.kernel not in RUNNERS:
@@ -662,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None and started >= args.limit:
             continue
         started += 1
-        payload = json.dumps([r.kernel, {k: v for k, v in r.values.items()}], default=str)
+        payload = json.dumps([r.kernel, dict(r.values), str(graph_file(r.key()))], default=str)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, __file__, str(checkout), "--run-one", payload],
@@ -681,30 +749,74 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{started}] {r.kernel} {_config_text(r)}: {result['status']}"
               f" {result.get('match', '')} {result.get('reason', '')}", file=sys.stderr)
     _save_cache(cache)
-    print_table(rows, cache, checkout, args.markdown)
+    fitted = None
+    if args.fit:
+        fitted = run_fit(collect(checkout, list(FAMILIES)), cache)
+    print_table(rows, cache, checkout, args.markdown, fitted)
     return 0
 
 
+FIT_RESULT = REPO / "benchmarks" / "calibration_fit.json"
+
+
+def run_fit(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, Any]) -> dict[str, Any]:
+    """Fit on the fit set; errors of nominal and fitted parameters on both sets; saved to
+    ``benchmarks/calibration_fit.json`` and printed."""
+    fit_set, check_set = _samples(rows, cache, "fit"), _samples(rows, cache, "check")
+    if not fit_set:
+        raise SystemExit("calibrate_timing: no fit-set record with a timing graph; run the "
+                         "qkv_tkg and mlp_tkg configurations first")
+    result = fit(fit_set)
+    nominal = result["nominal"]
+    summary = {
+        **result,
+        "fit_set_nominal": errors(fit_set, nominal, 1.0),
+        "fit_set_fitted": errors(fit_set, result["params"], result["scale"]),
+        "check_set_nominal": errors(check_set, nominal, 1.0),
+        "check_set_fitted": errors(check_set, result["params"], result["scale"]),
+        "fitted_us": {s.key: result["scale"] * s.timing.evaluate(result["params"])
+                      for s in fit_set + check_set},
+    }
+    FIT_RESULT.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    print(f"fit: scale {summary['scale']:.3f}; parameters (nominal -> fitted, range):")
+    for name, value in summary["params"].items():
+        lo, nom, hi = summary["ranges"][name]
+        print(f"  {name}: {nom:g} -> {value:.4g}  [{lo:g}, {hi:g}]")
+    for label in ("fit_set_nominal", "fit_set_fitted", "check_set_nominal", "check_set_fitted"):
+        for kernel, e in summary[label].items():
+            print(f"{label:18s} {kernel:15s} n={e['n']:3d} median|r-1|={e['median_abs_err']:.1%} "
+                  f"worst factor={e['worst_factor']:.2f} ratios [{e['min_ratio']:.2f}, "
+                  f"{e['max_ratio']:.2f}]")
+    return summary
+
+
 def print_table(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, Any],
-                checkout: Path, markdown: bool) -> None:
-    head = ["kernel", "config", "LNC", "recorded", "rec µs", "est µs", "low µs", "high µs",
-            "ratio", "run", "record note", "commit"]
+                checkout: Path, markdown: bool, fitted: dict[str, Any] | None = None) -> None:
+    head = ["kernel", "set", "config", "LNC", "recorded", "rec µs", "est µs", "low µs",
+            "high µs", "ratio", "fitted µs", "fitted ratio", "run", "record note", "commit"]
+    fitted_us = (fitted or {}).get("fitted_us", {})
     lines = []
     for r, d, scope, why in rows:
         if not scope:
             continue
         e = cache.get(r.key(), {})
         rec_us = d.recorded_ps / PS_PER_US if d.recorded_ps else None
-        est = e.get("scaled_estimate_us", e.get("estimate_us"))
+        est = e.get("estimate_us")
         ratio = est / rec_us if est and rec_us else None
+        fit_us = fitted_us.get(r.key())
+        fit_ratio = fit_us / rec_us if fit_us and rec_us else None
         run = e.get("status", "-")
         if run == "ran":
             run = "match" if e.get("match") else f"MISMATCH ({e.get('worst_rel_err', 0):.2g})"
         fmt = lambda x: "-" if x is None else f"{x:,.1f}"  # noqa: E731
-        lines.append([r.kernel, _config_text(r), str(_lnc_of(r.values)),
+        if run in ("error", "timeout", "not run"):
+            run = f"{run}: {e.get('reason', '')}"[:90].replace("|", "/")
+        lines.append([r.kernel, FAMILIES[r.kernel].set_name, _config_text(r),
+                      str(_lnc_of(r.values)),
                       "-" if d.recorded_ps is None else f"{d.recorded_ps:,}", fmt(rec_us),
                       fmt(est), fmt(e.get("low_us")), fmt(e.get("high_us")),
-                      "-" if ratio is None else f"{ratio:.2f}", run,
+                      "-" if ratio is None else f"{ratio:.2f}", fmt(fit_us),
+                      "-" if fit_ratio is None else f"{fit_ratio:.2f}", run,
                       "; ".join(x for x in (d.note, FAMILIES[r.kernel].note) if x)
                       + ("" if d.use_in_fit else " (not fitted)"),
                       e.get("commit", kernel_commit(checkout, FAMILIES[r.kernel].kernel_file))[:10]])

@@ -195,3 +195,32 @@ def test_onchip_ap_with_the_views_row_length_as_partition_stride():
 
     with raises_rule("ap", "partition stride"):
         run(bad, x)
+
+
+def test_new_vector_instructions_are_timed_on_the_vector_engine():
+    """Each of the four runs on the Vector engine (their pages), so the timing model charges
+    Vector time for them and nothing to the other compute engines."""
+    from nkilib_msda.simulator import nki, simulate
+
+    x = RNG.standard_normal((32, 96)).astype(np.float32)
+
+    def kernel(h):
+        t = load(h)
+        s = nl.ndarray((32, 96), nl.float32, buffer=nl.sbuf)
+        nisa.nc_stream_shuffle(dst=s, src=t, shuffle_mask=list(range(31, -1, -1)))
+        st = nl.ndarray((32, 6), nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(dst=st, data=s)
+        ag = nl.ndarray((32, 2), nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(dst=ag, data=st)
+        r = nl.ndarray((32, 96), nl.float32, buffer=nl.sbuf)
+        nisa.range_select(dst=r, on_true_tile=s, comp_op0=nl.greater_equal, comp_op1=nl.less,
+                          bound0=4.0, bound1=50.0)
+        return store(ag), store(r)
+
+    *_, report = simulate(nki.jit(kernel), report=True)(x)
+    counts = report.to_dict()["engines"]["vector"]
+    busy = report.timing.engine_busy_us
+    assert busy["vector"] > 0
+    assert busy["tensor"] == busy["scalar"] == busy["gpsimd"] == 0
+    assert {"nc_stream_shuffle", "bn_stats", "bn_aggr", "range_select"} <= set(
+        counts["by_opcode"])
