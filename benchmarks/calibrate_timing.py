@@ -674,8 +674,15 @@ def _load_cache() -> dict[str, Any]:
     return json.loads(CACHE.read_text()) if CACHE.exists() else {}
 
 
-def _save_cache(cache: dict[str, Any]) -> None:
-    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True, default=str) + "\n")
+def _save_cache(cache: dict[str, Any], updated: Iterable[str] = ()) -> None:
+    """Write the cache; entries ``updated`` by this process are merged into what is on disk
+    (another run may be writing other kernels' entries meanwhile)."""
+    merged = _load_cache()
+    merged.update({k: cache[k] for k in updated} if updated else cache)
+    tmp = CACHE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(CACHE)
+    cache.update(merged)
 
 
 def _config_text(r: Record) -> str:
@@ -701,6 +708,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true",
                     help="fit the unknown parameters and a global scale on the fit set "
                          "(qkv_tkg, mlp_tkg) and report the error on the check set")
+    ap.add_argument("--write-back", action="store_true",
+                    help="with --fit: write the fitted values as the nominal values of the "
+                         "timing constants module if the fit is sane")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     checkout = args.checkout.resolve()
@@ -726,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.kernel not in RUNNERS:
             cache[r.key()] = {"commit": commit, "status": "not run",
                               "reason": "no input builder/reference for this family yet"}
+            _save_cache(cache, [r.key()])
             continue
         if args.limit is not None and started >= args.limit:
             continue
@@ -745,13 +756,14 @@ def main(argv: list[str] | None = None) -> int:
             result = {"status": "timeout", "reason": f"over {args.timeout_s:.0f} s"}
         result.update(commit=commit, wall_s=round(time.perf_counter() - t0, 1))
         cache[r.key()] = result
-        _save_cache(cache)
+        _save_cache(cache, [r.key()])
         print(f"[{started}] {r.kernel} {_config_text(r)}: {result['status']}"
               f" {result.get('match', '')} {result.get('reason', '')}", file=sys.stderr)
-    _save_cache(cache)
     fitted = None
     if args.fit:
         fitted = run_fit(collect(checkout, list(FAMILIES)), cache)
+        if args.write_back:
+            write_back(fitted)
     print_table(rows, cache, checkout, args.markdown, fitted)
     return 0
 
@@ -788,6 +800,52 @@ def run_fit(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, Any
                   f"worst factor={e['worst_factor']:.2f} ratios [{e['min_ratio']:.2f}, "
                   f"{e['max_ratio']:.2f}]")
     return summary
+
+
+CONSTANTS = REPO / "nkilib_msda" / "simulator" / "timing" / "constants.py"
+
+
+def sane(summary: dict[str, Any]) -> tuple[bool, str]:
+    """A fit is written back only if it converged, its scale is within 2x of 1 (the units are
+    picoseconds) and it improves the fit set's median error."""
+    if not summary["success"]:
+        return False, "least squares did not converge"
+    if not 0.5 <= summary["scale"] <= 2.0:
+        return False, f"global scale {summary['scale']:.3f} is not within [0.5, 2]"
+    before = summary["fit_set_nominal"]["all"]["median_abs_err"]
+    after = summary["fit_set_fitted"]["all"]["median_abs_err"]
+    if after >= before:
+        return False, f"no improvement of the fit set ({before:.1%} -> {after:.1%})"
+    return True, ""
+
+
+def write_back(summary: dict[str, Any]) -> None:
+    """Replace the nominal value of every fitted parameter in the timing constants module
+    (``Param("name", low, nominal, high, ...)``); the ranges stay."""
+    ok, why = sane(summary)
+    if not ok:
+        print(f"write-back skipped: {why}")
+        return
+    text = CONSTANTS.read_text()
+    for name, value in summary["params"].items():
+        lo, nom, hi = summary["ranges"][name]
+        if math.isclose(value, nom, rel_tol=1e-3, abs_tol=1e-9):
+            continue
+        pattern = re.compile(r'(Param\("' + re.escape(name) + r'",\s*)([^,]+),(\s*)([^,]+),')
+        match = pattern.search(text)
+        if match is None:
+            print(f"write-back: {name} not found in {CONSTANTS.name}; left alone")
+            continue
+        nominal_src = match.group(4).strip()
+        rounded = float(f"{value:.3g}")
+        if re.fullmatch(r"[0-9.eE+-]+", nominal_src):
+            new = repr(rounded)
+        else:  # an expression of a hardware constant, e.g. ``hwdge_ns``
+            new = f"{rounded / nom:.3g} * {nominal_src}"
+        text = text[:match.start(4)] + match.group(4).replace(nominal_src, new) + \
+            text[match.end(4):]
+        print(f"write-back: {name} nominal {nom:g} -> {new}")
+    CONSTANTS.write_text(text)
 
 
 def print_table(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, Any],
