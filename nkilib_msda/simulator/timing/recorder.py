@@ -40,6 +40,7 @@ QUEUES = ("queue_sync", "queue_act", "queue_swdge")
 _P = {name: i for i, name in enumerate(PARAM_NAMES)}
 NODE_COMPUTE, NODE_ISSUE, NODE_TRANSFER, NODE_BARRIER = 0, 1, 2, 3
 _MAX_CHUNKS = 256
+_PARTITION_GROUP = 8
 _MIN_CHUNK_BYTES = 64
 _TWO_BYTE_FLOATS = frozenset({"bfloat16", "float16"})
 _INDIRECT_KINDS = frozenset({"indirect_gather", "indirect_scatter", "indirect_rmw",
@@ -69,17 +70,19 @@ class _Access:
 
 
 class _Regions:
-    """Last writer and latest-ending reader (nominal) of each byte chunk of one storage."""
+    """Last writer and latest-ending reader (nominal) of each region of one storage: a grid
+    of partition groups (8 partitions, one DMA engine's share; one group for HBM) x byte
+    chunks."""
 
     __slots__ = ("chunk", "w_end", "w_id", "r_end", "r_id")
 
-    def __init__(self, extent: int) -> None:
+    def __init__(self, groups: int, extent: int) -> None:
         self.chunk = max(_MIN_CHUNK_BYTES, -(-max(extent, 1) // _MAX_CHUNKS))
-        n = -(-max(extent, 1) // self.chunk)
-        self.w_end = np.zeros(n)
-        self.w_id = np.full(n, -1, dtype=np.int64)
-        self.r_end = np.zeros(n)
-        self.r_id = np.full(n, -1, dtype=np.int64)
+        shape = (max(groups, 1), -(-max(extent, 1) // self.chunk))
+        self.w_end = np.zeros(shape)
+        self.w_id = np.full(shape, -1, dtype=np.int64)
+        self.r_end = np.zeros(shape)
+        self.r_id = np.full(shape, -1, dtype=np.int64)
 
 
 def _dtype_flags(dtype: Any) -> tuple[bool, bool]:
@@ -118,7 +121,8 @@ class Timeline:
         self.const: list[float] = []
         self.terms: list[tuple[tuple[int, float], ...]] = []
         self.lat: list[int] = []
-        self.preds: list[tuple[int, ...]] = []
+        self.preds: list[tuple[int, ...]] = []  # waited for, plus the node's latency
+        self.order: list[tuple[int, ...]] = []  # waited for without latency (same DMA queue)
         self.name: list[str] = []
         self.queue: list[str] = []
         self.end: list[float] = []
@@ -216,63 +220,72 @@ class Timeline:
         key = ("timing", program)
         regions = storage.aux.get(key)
         if regions is None:
-            extent = storage.bytes_per_partition if storage.buffer in ("sbuf", "psum") \
-                else storage.nbytes
-            regions = storage.aux[key] = _Regions(extent)
+            if storage.buffer in ("sbuf", "psum"):
+                groups = -(-max(storage.partitions, 1) // _PARTITION_GROUP)
+                regions = _Regions(groups, storage.bytes_per_partition)
+            else:
+                regions = _Regions(1, storage.nbytes)
+            storage.aux[key] = regions
         return regions
 
     def _deps(self, program: int, reads: list[_Access], writes: list[_Access]
-              ) -> tuple[set[int], float, list[tuple[_Regions, int, int, bool]]]:
-        """(node ids waited for, their latest nominal end, the chunk ranges to update)."""
+              ) -> tuple[set[int], list[tuple[_Regions, Any, bool]]]:
+        """(node ids waited for, the regions to update)."""
         deps: set[int] = set()
-        ready = 0.0
         spans = []
         for accesses, is_write in ((reads, False), (writes, True)):
             for acc in accesses:
                 reg = self._regions(program, acc.storage)
                 c0 = acc.lo // reg.chunk
                 c1 = max(c0 + 1, -(-acc.hi // reg.chunk))
-                spans.append((reg, c0, c1, is_write))
+                g0 = acc.p0 // _PARTITION_GROUP
+                g1 = max(g0 + 1, -(-acc.p1 // _PARTITION_GROUP))
+                box = (slice(g0, g1), slice(c0, c1))
+                spans.append((reg, box, is_write))
                 tables = ((reg.w_end, reg.w_id), (reg.r_end, reg.r_id)) if is_write \
                     else ((reg.w_end, reg.w_id),)
                 for ends, ids in tables:
-                    seg = ends[c0:c1]
+                    seg = ends[box]
                     j = int(seg.argmax())
-                    node = int(ids[c0 + j])
+                    row, col = divmod(j, seg.shape[1])
+                    node = int(ids[g0 + row, c0 + col])
                     if node >= 0:
                         deps.add(node)
-                        ready = max(ready, float(seg[j]))
-        return deps, ready, spans
+        return deps, spans
 
     @staticmethod
-    def _update(spans: list[tuple[_Regions, int, int, bool]], node: int, end: float) -> None:
-        for reg, c0, c1, is_write in spans:
+    def _update(spans: list[tuple[_Regions, Any, bool]], node: int, end: float) -> None:
+        for reg, box, is_write in spans:
             if is_write:
-                reg.w_end[c0:c1] = end
-                reg.w_id[c0:c1] = node
-                reg.r_end[c0:c1] = end
-                reg.r_id[c0:c1] = node
+                reg.w_end[box] = end
+                reg.w_id[box] = node
+                reg.r_end[box] = end
+                reg.r_id[box] = node
             else:
-                seg = reg.r_end[c0:c1]
+                seg = reg.r_end[box]
                 later = seg < end
                 if later.all():
                     seg[...] = end
-                    reg.r_id[c0:c1] = node
+                    reg.r_id[box] = node
                 elif later.any():
                     seg[later] = end
-                    reg.r_id[c0:c1][later] = node
+                    reg.r_id[box][later] = node
 
     # -- nodes ---------------------------------------------------------------------------------
     def _duration(self, const: float, terms: tuple[tuple[int, float], ...]) -> float:
         return const + sum(c * self.nominal[i] for i, c in terms)
 
     def _add(self, kind: int, core: int, lo: int, hi: int, const: float,
-             terms: tuple[tuple[int, float], ...], lat: int, deps: set[int], ready: float,
-             name: str, queue: str = "") -> tuple[int, float]:
+             terms: tuple[tuple[int, float], ...], lat: int, deps: set[int], name: str,
+             queue: str = "", order: set[int] | None = None) -> tuple[int, float]:
         free = self.free
+        ends = self.end
         start = max(free[lo:hi]) if hi - lo > 1 else free[lo]
         if deps:
-            start = max(start, ready + (self.nominal[lat] if lat >= 0 else 0.0))
+            start = max(start, max(ends[d] for d in deps)
+                        + (self.nominal[lat] if lat >= 0 else 0.0))
+        if order:
+            start = max(start, max(ends[d] for d in order))
         end = start + self._duration(const, terms)
         for r in range(lo, hi):
             free[r] = end
@@ -285,6 +298,7 @@ class Timeline:
         self.terms.append(terms)
         self.lat.append(lat)
         self.preds.append(tuple(sorted(deps)))
+        self.order.append(tuple(sorted(order)) if order else ())
         self.name.append(name)
         self.queue.append(queue)
         self.end.append(end)
@@ -326,11 +340,11 @@ class Timeline:
                                           bool(src and src.fp32))
         else:
             cycles = compute_cycles(hw, engine, opcode, n, rops, wops)
-        deps, ready, spans = self._deps(program, reads, writes)
+        deps, spans = self._deps(program, reads, writes)
         prog = self.programs[program]
         r = prog.res[engine]
         node, end = self._add(NODE_COMPUTE, program, r, r + 1, cycles / clk, overhead,
-                              _P["dependency_latency_ns"], deps, ready, opcode)
+                              _P["dependency_latency_ns"], deps, opcode)
         self._update(spans, node, end)
 
     def dma(self, program: int, opcode: str, kind: str, direction: str, elements: int,
@@ -370,26 +384,32 @@ class Timeline:
         indirect = kind in _INDIRECT_KINDS or queue == "swdge"
         if queue is None or queue not in ("sync", "act", "swdge"):
             queue = "swdge" if indirect else "sync"
-        deps, ready, spans = self._deps(program, reads, writes)
+        deps, spans = self._deps(program, reads, writes)
+        # Transfers of one queue run in order on the DMA engines: waiting for an earlier
+        # transfer of the same queue needs no semaphore (no latency).
+        same_queue = {d for d in deps if self.kind[d] == NODE_TRANSFER and self.queue[d] == queue
+                      and self.core[d] == program}
+        deps -= same_queue
         if queue == "swdge":
             r = prog.res["gpsimd"]
-            read_deps = set(deps)  # the descriptors need the index tiles
-            issue, issue_end = self._add(
+            # Software DGE writes descriptors from the index tiles: it waits for the tiles
+            # the transfer depends on (conservative: all of them).
+            issue, _ = self._add(
                 NODE_ISSUE, program, r, r + 1, 0.0,
                 ((_P["swdge_fixed_ns"], 1.0), (_P["swdge_descriptor_ns"], float(count))),
-                _P["dependency_latency_ns"], read_deps, ready, opcode + " (swdge)", "swdge")
+                _P["dependency_latency_ns"], set(deps), opcode + " (swdge)", "swdge")
         else:
             r = prog.res["queue_" + queue]
-            issue, issue_end = self._add(NODE_ISSUE, program, r, r + 1, 0.0,
-                                         ((_P["hwdge_issue_ns"], 1.0),), -1, set(), 0.0,
-                                         opcode + " (hwdge)", queue)
+            issue, _ = self._add(NODE_ISSUE, program, r, r + 1, 0.0,
+                                 ((_P["hwdge_issue_ns"], 1.0),), -1, set(),
+                                 opcode + " (hwdge)", queue)
         desc_param = _P["dma_indirect_descriptor_ns"] if descriptors else _P["dma_descriptor_ns"]
         const = nbytes / engines / (hw.dma_bytes_per_ns * efficiency)
         terms = ((desc_param, count / engines),)
         base = prog.res["dma0"]
         node, end = self._add(NODE_TRANSFER, program, base + e0, base + e1, const, terms,
-                              _P["dma_fixed_latency_ns"], deps | {issue},
-                              max(ready, issue_end), opcode, queue)
+                              _P["dma_fixed_latency_ns"], deps | {issue}, opcode, queue,
+                              order=same_queue)
         self._update(spans, node, end)
 
     def barrier(self, program: int) -> None:
@@ -401,4 +421,4 @@ class Timeline:
             return
         self._barrier_arrivals = 0
         self._add(NODE_BARRIER, -1, 0, self.num_resources, 0.0,
-                  ((_P["barrier_latency_ns"], 1.0),), -1, set(), 0.0, "core_barrier")
+                  ((_P["barrier_latency_ns"], 1.0),), -1, set(), "core_barrier")

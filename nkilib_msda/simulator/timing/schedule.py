@@ -30,6 +30,15 @@ __all__ = ["Timing"]
 _P = {name: i for i, name in enumerate(PARAM_NAMES)}
 
 
+def _csr(lists: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers and indices of a list of index tuples."""
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    if lists:
+        ptr[1:] = np.cumsum([len(p) for p in lists])
+    idx = np.fromiter((j for p in lists for j in p), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, idx
+
+
 class Timing:
     """Modelled time of one simulated kernel (all cores of an LNC 2 run together).
 
@@ -52,16 +61,17 @@ class Timing:
 
     def __init__(self, target: str, num_programs: int, core_names: tuple[str, ...],
                  kind: np.ndarray, core: np.ndarray, res_lo: np.ndarray, res_hi: np.ndarray,
-                 const: np.ndarray, coef: np.ndarray, lat: np.ndarray, pred_ptr: np.ndarray,
-                 pred_idx: np.ndarray, names: list[str], queues: list[str],
-                 hbm_bytes: int) -> None:
+                 const: np.ndarray, coef: np.ndarray, lat: np.ndarray,
+                 preds: tuple[np.ndarray, np.ndarray], order: tuple[np.ndarray, np.ndarray],
+                 names: list[str], queues: list[str], hbm_bytes: int) -> None:
         self.target = target
         self.num_programs = num_programs
         self.core_names = core_names
         self._kind, self._core = kind, core
         self._res_lo, self._res_hi = res_lo, res_hi
         self._const, self._coef, self._lat = const, coef, lat
-        self._pred_ptr, self._pred_idx = pred_ptr, pred_idx
+        self._pred_ptr, self._pred_idx = preds
+        self._order_ptr, self._order_idx = order
         self._names, self._queues = names, queues
         self.hbm_bytes = int(hbm_bytes)
         self.num_nodes = int(kind.size)
@@ -86,14 +96,11 @@ class Timing:
         for i, terms in enumerate(tl.terms):
             for p, c in terms:
                 coef[i, p] += c
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum([len(p) for p in tl.preds]) if n else []
-        idx = np.fromiter((j for p in tl.preds for j in p), dtype=np.int64, count=int(ptr[-1]))
         return cls(tl.target, tl.num_programs, tl.core_names, np.asarray(tl.kind, np.int64),
                    np.asarray(tl.core, np.int64), np.asarray(tl.res_lo, np.int64),
                    np.asarray(tl.res_hi, np.int64), np.asarray(tl.const, float), coef,
-                   np.asarray(tl.lat, np.int64), ptr, idx, list(tl.name), list(tl.queue),
-                   tl.hbm_bytes)
+                   np.asarray(tl.lat, np.int64), _csr(tl.preds), _csr(tl.order),
+                   list(tl.name), list(tl.queue), tl.hbm_bytes)
 
     # -- scheduling --------------------------------------------------------------------------
     def _hbm_ns(self, p: list[float]) -> float:
@@ -108,6 +115,7 @@ class Timing:
         lat_values = [pv[i] if i >= 0 else 0.0 for i in self._lat.tolist()]
         res_lo, res_hi = self._res_lo.tolist(), self._res_hi.tolist()
         ptr, idx = self._pred_ptr.tolist(), self._pred_idx.tolist()
+        optr, oidx = self._order_ptr.tolist(), self._order_idx.tolist()
         free = [0.0] * (len(self.core_names) * self.num_programs)
         last_on = [-1] * len(free)
         start = [0.0] * n
@@ -132,6 +140,10 @@ class Timing:
                 ready += lat_values[i]
                 if ready > s:
                     s, b = ready, rb
+            a, z = optr[i], optr[i + 1]
+            for j in oidx[a:z]:
+                if end[j] > s:
+                    s, b = end[j], j
             e = s + dur[i]
             start[i] = s
             end[i] = e
@@ -246,7 +258,7 @@ class Timing:
             ts, dur = self._start[i] / 1e3, self._dur[i] / 1e3
             lo, hi = int(self._res_lo[i]), int(self._res_hi[i])
             if kind == NODE_BARRIER:
-                cores = range(self.num_programs)
+                cores = list(range(self.num_programs))
                 names = ["sync"]
             else:
                 cores = [lo // per_core]
