@@ -364,6 +364,20 @@ def _run_qkv_tkg(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callabl
     return qkv, (x, w), kw, reference
 
 
+def _activation(name: str) -> Callable[[Any], Any]:
+    """The float64 activation of an ``ActFnType`` (SiLU and Swish: x * sigmoid(x); GELU: the
+    erf form; GELU_Tanh_Approx: the tanh form)."""
+    import numpy as np
+    from scipy.special import erf
+    if name in ("SiLU", "Swish"):
+        return lambda z: z / (1.0 + np.exp(-z))
+    if name == "GELU":
+        return lambda z: 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
+    if name == "GELU_Tanh_Approx":
+        return lambda z: 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+    raise ValueError(f"activation {name!r} has no reference here")
+
+
 def _run_mlp_tkg(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callable[[Any], Any]]:
     import numpy as np
     from nkilib_src.nkilib.core.mlp.mlp import mlp
@@ -405,12 +419,12 @@ def _run_mlp_tkg(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callabl
         n = _normalise(norm, h, f(t.get("normalization_weights_tensor")),
                        f(t.get("normalization_bias_tensor")), 1e-6)
         u = n @ f(up) + (f(t["up_proj_bias_tensor"]) if "up_proj_bias_tensor" in t else 0.0)
-        silu = lambda z: z / (1.0 + np.exp(-z))  # noqa: E731
+        act = _activation(_sym(v["act_fn_type"]))
         if kw["skip_gate_proj"]:
-            m = silu(u)
+            m = act(u)
         else:
             g = n @ f(gate) + (f(t["gate_proj_bias_tensor"]) if "gate_proj_bias_tensor" in t else 0.0)
-            m = silu(g) * u
+            m = act(g) * u
         d = f(down)
         if kw.get("use_tkg_down_proj_optimized_layout"):
             d = d.reshape(I, lnc, H // 128 // lnc, 128).transpose(0, 1, 3, 2).reshape(I, H)
@@ -666,6 +680,15 @@ def collect(checkout: Path, kernels: Iterable[str]) -> list[tuple[Record, Decisi
     return rows
 
 
+def model_version() -> str:
+    """A hash of the timing model's source: cached graphs recorded by another model are stale."""
+    h = hashlib.sha1()
+    for path in sorted((REPO / "nkilib_msda" / "simulator" / "timing").glob("*.py")):
+        if path.name != "constants.py":  # nominal values do not change a recorded graph
+            h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def graph_file(key: str) -> Path:
     return GRAPHS / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".pkl")
 
@@ -725,12 +748,14 @@ def main(argv: list[str] | None = None) -> int:
                              math.prod(v for v in x[0].config().values()
                                        if isinstance(v, int) and not isinstance(v, bool) and v > 0)))
     cache = _load_cache()
+    model = model_version()
     started = 0
     for r, d, scope, why in rows:
         commit = kernel_commit(checkout, FAMILIES[r.kernel].kernel_file)
         entry = cache.get(r.key())
         fresh = (entry is not None and entry.get("commit") == commit and not args.rerun
-                 and (entry.get("status") != "ran" or graph_file(r.key()).exists()))
+                 and (entry.get("status") != "ran" or (graph_file(r.key()).exists()
+                                                       and entry.get("model") == model)))
         if fresh or args.no_run or not scope or d.recorded_ps is None:
             continue
         if r.kernel not in RUNNERS:
@@ -754,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = {"status": "error", "reason": tail[-1][:300] if tail else "?"}
         except subprocess.TimeoutExpired:
             result = {"status": "timeout", "reason": f"over {args.timeout_s:.0f} s"}
-        result.update(commit=commit, wall_s=round(time.perf_counter() - t0, 1))
+        result.update(commit=commit, model=model, wall_s=round(time.perf_counter() - t0, 1))
         cache[r.key()] = result
         _save_cache(cache, [r.key()])
         print(f"[{started}] {r.kernel} {_config_text(r)}: {result['status']}"
