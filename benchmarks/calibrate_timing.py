@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh = (entry is not None and entry.get("commit") == commit and not args.rerun
                  and (entry.get("status") != "ran" or (graph_file(r.key()).exists()
                                                        and entry.get("model") == model)))
-        if fresh or args.no_run or not scope or d.recorded_ps is None:
+        if fresh or args.no_run or not scope or d.recorded_ps is None or "placeholder" in d.note:
             continue
         if r.kernel not in RUNNERS:
             cache[r.key()] = {"commit": commit, "status": "not run",
@@ -832,7 +832,8 @@ CONSTANTS = REPO / "nkilib_msda" / "simulator" / "timing" / "constants.py"
 
 def sane(summary: dict[str, Any]) -> tuple[bool, str]:
     """A fit is written back only if it converged, its scale is within 2x of 1 (the units are
-    picoseconds) and it improves the fit set's median error."""
+    picoseconds), it improves the fit set's median error and it does not worsen the check
+    set's."""
     if not summary["success"]:
         return False, "least squares did not converge"
     if not 0.5 <= summary["scale"] <= 2.0:
@@ -841,6 +842,13 @@ def sane(summary: dict[str, Any]) -> tuple[bool, str]:
     after = summary["fit_set_fitted"]["all"]["median_abs_err"]
     if after >= before:
         return False, f"no improvement of the fit set ({before:.1%} -> {after:.1%})"
+    # Validation gate (no parameter is chosen by it): fitted values that make the held-out
+    # check set worse are not adopted as the model's nominal values.
+    check_before = summary["check_set_nominal"].get("all", {}).get("median_abs_err")
+    check_after = summary["check_set_fitted"].get("all", {}).get("median_abs_err")
+    if check_before is not None and check_after is not None and check_after > check_before:
+        return False, (f"the fitted values make the check set worse ({check_before:.1%} -> "
+                       f"{check_after:.1%} median error)")
     return True, ""
 
 
@@ -880,9 +888,9 @@ def print_table(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str,
     fitted_us = (fitted or {}).get("fitted_us", {})
     lines = []
     for r, d, scope, why in rows:
-        if not scope:
-            continue
         e = cache.get(r.key(), {})
+        if not scope or (d.recorded_ps is None and not e):
+            continue  # out of scope, or nothing recorded and nothing run
         rec_us = d.recorded_ps / PS_PER_US if d.recorded_ps else None
         est = e.get("estimate_us")
         ratio = est / rec_us if est and rec_us else None

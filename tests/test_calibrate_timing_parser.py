@@ -75,3 +75,29 @@ def test_scope_filter_keeps_bf16_fp16_unquantized_only():
     comment_rows = [r for r in recs if r.measure_column == "tpbSgCyclesSum"]
     assert cal.in_scope(comment_rows[0])[0]
     assert not cal.in_scope(comment_rows[1])[0]  # float32
+
+
+class _FakeTiming:
+    """A recorded graph whose modelled time is ``x * work + 10`` µs (one unknown ``x``)."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def ranges(self):
+        return {"x": (1.0, 2.0, 5.0)}
+
+    def evaluate(self, params):
+        return params.get("x", 2.0) * self.work + 10.0
+
+
+def test_fit_recovers_a_known_parameter_and_scale():
+    pytest.importorskip("scipy")
+    samples = [cal.Sample("demo", str(w), 1.2 * (3.0 * w + 10.0), _FakeTiming(w))
+               for w in (1.0, 5.0, 20.0, 80.0, 300.0)]
+    result = cal.fit(samples)
+    assert result["params"]["x"] == pytest.approx(3.0, rel=0.05)
+    assert result["scale"] == pytest.approx(1.2, rel=0.05)
+    err = cal.errors(samples, result["params"], result["scale"])
+    assert err["all"]["median_abs_err"] < 0.02
+    nominal = cal.errors(samples, {"x": 2.0}, 1.0)
+    assert nominal["all"]["median_abs_err"] > 0.2
