@@ -303,6 +303,8 @@ def _layernorm(x: Any, gamma: Any, beta: Any, eps: float) -> Any:
 def _normalise(kind: str, x: Any, gamma: Any, beta: Any, eps: float) -> Any:
     if kind == "RMS_NORM":
         return _rmsnorm(x, gamma, eps)
+    if kind == "RMS_NORM_SKIP_GAMMA":
+        return _rmsnorm(x, 1.0, eps)
     if kind == "LAYER_NORM":
         return _layernorm(x, gamma, beta, eps)
     return x
