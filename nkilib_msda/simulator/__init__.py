@@ -10,6 +10,7 @@ import sys
 import types
 from typing import Any
 
+from nkilib_msda.simulator import compiler
 from nkilib_msda.simulator import isa as nisa
 from nkilib_msda.simulator import language as nl
 from nkilib_msda.simulator import lnc
@@ -48,6 +49,7 @@ nki.jit = jit
 nki.language = nl
 nki.isa = nisa
 nki.lnc = lnc
+nki.compiler = compiler
 nki.simulate = simulate
 nki.tensor = NkiTensor
 nki.__version__ = __version__
@@ -55,7 +57,7 @@ nki.__path__ = []  # a package, so `import nki.language` resolves through sys.mo
 
 _NKI_MODULES = {
     "nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.isa.constants": nisa.constants,
-    "nki.lnc": lnc, "nki.typing": typing, "nki.dtype": dtype,
+    "nki.lnc": lnc, "nki.typing": typing, "nki.dtype": dtype, "nki.compiler": compiler,
 }
 
 
@@ -74,7 +76,7 @@ _REMOVED_FINDER = _RemovedNeuronxccNki()
 
 def install_as_nki() -> None:
     """Register the emulator as ``nki``, ``nki.language``, ``nki.isa``, ``nki.isa.constants``,
-    ``nki.lnc``, ``nki.typing`` and ``nki.dtype`` in ``sys.modules``, so kernels that
+    ``nki.lnc``, ``nki.typing``, ``nki.dtype`` and ``nki.compiler`` in ``sys.modules``, so kernels that
     ``import nki`` run unmodified on the emulator. Idempotent. Raises RuntimeError when a
     different (real) ``nki`` is already imported. ``neuronxcc.nki`` stays unimportable: Neuron
     2.34 removed that namespace."""

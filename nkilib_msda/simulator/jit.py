@@ -46,7 +46,10 @@ from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
 __all__ = ["jit", "JitKernel", "simulate", "lnc_degree"]
 
-_REMOVED_JIT_OPTIONS = ("mode", "platform_target")
+_REMOVED_JIT_OPTIONS = ("platform_target",)
+# nki.jit(func=None, mode='auto', **kwargs) (latest nki/api/generated/nki.jit.html) and
+# nki.jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs) (v2.33.1 page).
+_JIT_MODES = ("auto", "jax", "torchxla")
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 
@@ -90,13 +93,29 @@ class JitKernel:
 
 
 def jit(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-    """``@nki.jit`` or ``@nki.jit(**options)``; ``mode=``/``platform_target=`` were removed in
-    0.3 and are rejected (the target comes from NEURON_PLATFORM_TARGET_OVERRIDE)."""
+    """``@nki.jit`` or ``@nki.jit(**options)``.
+
+    ``mode`` ("auto", "jax", "torchxla"), ``compile_config`` (``nki.compiler.CompileConfig``),
+    ``specialization_config`` (``nki.compiler.SpecializationConfig``) and any further keyword
+    (``**kwargs`` on both doc pages, e.g. ``debug_kernel=``, ``experimental_flags=``) are
+    accepted and do not change what the kernel computes; ``platform_target=`` was removed in
+    0.3 (the target comes from NEURON_PLATFORM_TARGET_OVERRIDE)."""
+    from nkilib_msda.simulator.compiler import CompileConfig, SpecializationConfig
+
     for key in _REMOVED_JIT_OPTIONS:
         if key in kwargs:
             raise nki_error("nki.jit", "removed option",
                             f"{key}= was removed in NKI 0.3; set NEURON_PLATFORM_TARGET_OVERRIDE "
                             "or pass target= to simulate()")
+    mode = kwargs.get("mode", "auto")
+    if mode not in _JIT_MODES:
+        raise nki_error("nki.jit", "mode", f"mode must be one of {_JIT_MODES}, got {mode!r}")
+    for key, cls in (("compile_config", CompileConfig),
+                     ("specialization_config", SpecializationConfig)):
+        value = kwargs.get(key)
+        if value is not None and not isinstance(value, cls):
+            raise nki_error("nki.jit", key, f"{key} must be an nki.compiler.{cls.__name__} or "
+                            f"None, got {type(value).__name__}")
     if func is None:
         return lambda f: JitKernel(f, options=kwargs)
     if isinstance(func, JitKernel):
@@ -249,7 +268,9 @@ def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, 
     """(tensors, is_tuple, is_none); every returned tensor must be in shared_hbm."""
     if result is None:
         return [], False, True
-    items = list(result) if isinstance(result, tuple) else [result]
+    # a list is returned as a list (nki/api/generated/nki.execute.html: "the kernel's return
+    # value"; nki-library's kernels return lists of outputs)
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
     for i, t in enumerate(items):
         if not isinstance(t, NkiTensor):
             raise nki_error("kernel return", "output type",
@@ -259,7 +280,7 @@ def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, 
             raise nki_error("kernel return", "output buffer",
                             f"output {i} ({t.name or 'unnamed'}) is in {t.buffer}; returned tensors "
                             "must be allocated in nl.shared_hbm")
-    return items, isinstance(result, tuple), False
+    return items, isinstance(result, (tuple, list)), False
 
 
 def _to_numpy(t: NkiTensor, index: int) -> np.ndarray:
@@ -362,6 +383,8 @@ class _Runner:
                               "report.timing is None", TimingWarning, stacklevel=2)
         if is_none:
             return (report,) if self.want_report else None
+        if is_tuple and isinstance(results[0], list):
+            return (list(arrays), report) if self.want_report else list(arrays)
         if is_tuple:
             return tuple(arrays) + ((report,) if self.want_report else ())
         return (arrays[0], report) if self.want_report else arrays[0]

@@ -21,7 +21,7 @@ import numpy as np
 
 from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
-from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.errors import hazard, nki_error
 from nkilib_msda.simulator.dynamic_views import DynamicAccess, IndirectAccess, is_dynamic
 from nkilib_msda.simulator.geometry import (MAX_ONCHIP_FREE_LEVELS, MAX_PARTITIONS, _GEOMETRY,
                                             _as_int, _c_strides, _index, _is_c_contiguous, _is_run,
@@ -387,6 +387,14 @@ def _index_rows(index: Any, what: str) -> int:
     return index.shape[0]
 
 
+def _partition_stride_hazard(p_stride: int, ppe: int) -> None:
+    ctx = current_or_none()
+    hazard("ap", "partition stride",
+           f"partition stride {p_stride} is the view's row length, not the tile's {ppe} elements "
+           "per partition; accepted as one partition step as AWS's kernels assume",
+           strict=ctx is not None and ctx.options.strict, stacklevel=5)
+
+
 def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector_offset: Any,
              indirect_dim: int, dtype: Any) -> Any:
     pat = _parse_pattern(pattern)
@@ -430,7 +438,13 @@ def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector
             raise nki_error("ap", "dtype", f"partition size {storage.bytes_per_partition} B is not a "
                                            f"multiple of {new_dtype}")
         p_stride, p_count = pat[0]
-        if p_stride != ppe and p_count > 1:
+        row = math.prod(t.shape[1:]) if t.ndim > 1 else 1
+        if p_stride != ppe and p_count > 1 and p_stride == row:
+            # The docs (nki/deep-dives/nki-aps.html) describe the partition pair's stride as
+            # the partition size; AWS's hardware-tested kernels pass the view's row length.
+            # Partitions are separate memories, so the pair still steps one partition.
+            _partition_stride_hazard(p_stride, ppe)
+        elif p_stride != ppe and p_count > 1:
             raise nki_error("ap", "partition stride",
                             f"the first pair is the partition pair: stride must be {ppe} "
                             f"(elements per partition), got {p_stride}")

@@ -25,8 +25,8 @@ NL_UNMODELLED = frozenset({
 
 ISA_UNMODELLED = frozenset({
     "nc_matmul_mx", "tensor_partition_reduce", "tensor_scalar_cumulative", "quantize_mx",
-    "dropout", "range_select", "sequence_bounds", "bn_stats", "bn_aggr", "local_gather",
-    "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "rng", "rand2",
+    "dropout", "sequence_bounds", "local_gather",
+    "max8", "nc_find_index8", "nc_match_replace8", "rng", "rand2",
     "rand_set_state", "rand_get_state", "set_rng_seed", "nonzero_with_count", "topk",
     "register_alloc", "register_move", "register_load", "register_store",
 })

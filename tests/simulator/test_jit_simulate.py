@@ -101,8 +101,10 @@ def test_signature_and_jit_option_rules():
         star(x)
     with raises_rule("nki.jit", "kernel signature"):
         kwonly(x)
-    with raises_rule("nki.jit", "removed option"):
+    with raises_rule("nki.jit", "mode"):
         nki.jit(mode="simulation")
+    with raises_rule("nki.jit", "removed option"):
+        nki.jit(platform_target="trn2")
     with raises_rule("nki.jit", "launch grid"):
         add_one[3]
 

@@ -24,7 +24,7 @@ ROOT = Path(simulator_pkg.__file__).parent
 # and the graph must be acyclic. Names a branch does not have are simply absent.
 LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
-    ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled"}),
+    ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
     ("timing model", {"timing", "timing.constants", "timing.costs", "timing.recorder",
                       "timing.schedule"}),
     ("memory", {"memory"}),

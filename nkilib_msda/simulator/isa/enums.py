@@ -18,7 +18,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, TypeVar
 
-from nkilib_msda.simulator.errors import NkiError
+from nkilib_msda.simulator.context import current_or_none
+from nkilib_msda.simulator.errors import NkiError, hazard
 
 __all__ = ["engine", "oob_mode", "dge_mode", "reduce_cmd", "matmul_perf_mode", "nc_version",
            "dma_engine", "get_nc_version", "get_nc_sub_version"]
@@ -75,11 +76,45 @@ class matmul_perf_mode(Enum):
 
 
 class nc_version(Enum):
-    """NeuronCore version: gen2 (trn1/inf2), gen3 (trn2), gen4 (trn3)."""
+    """NeuronCore version: gen2 (trn1/inf2), gen3 (trn2), gen4 (trn3).
+
+    The docs define a plain ``Enum`` (no ordering), but AWS's hardware-tested kernels compare
+    versions (``get_nc_version() >= nc_version.gen4``, also against ints): ordering by value
+    is accepted with an ``NkiHazardWarning`` "nc_version ordering" (strict: NkiError)."""
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def _order_key(self, other: Any, op: str) -> tuple[int, int] | None:
+        if isinstance(other, nc_version):
+            right = other.value
+        elif isinstance(other, int) and not isinstance(other, bool):
+            right = other
+        else:
+            return None
+        ctx = current_or_none()
+        hazard("nki.isa.nc_version", "nc_version ordering",
+               f"{self!r} {op} {other!r}: nc_version is documented as a plain Enum without "
+               "ordering; compared by value as AWS's kernels assume",
+               strict=ctx is not None and ctx.options.strict, stacklevel=4)
+        return self.value, right
+
+    def __lt__(self, other: Any) -> bool:
+        key = self._order_key(other, "<")
+        return NotImplemented if key is None else key[0] < key[1]
+
+    def __le__(self, other: Any) -> bool:
+        key = self._order_key(other, "<=")
+        return NotImplemented if key is None else key[0] <= key[1]
+
+    def __gt__(self, other: Any) -> bool:
+        key = self._order_key(other, ">")
+        return NotImplemented if key is None else key[0] > key[1]
+
+    def __ge__(self, other: Any) -> bool:
+        key = self._order_key(other, ">=")
+        return NotImplemented if key is None else key[0] >= key[1]
 
 
 class dma_engine(Enum):

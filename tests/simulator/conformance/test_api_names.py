@@ -17,7 +17,10 @@ from nkilib_msda.simulator import NkiError, nki, nl, nisa, simulate
 from nkilib_msda.simulator import lnc as nki_lnc
 
 # nki/api/nki.html: the top-level entry points.
-NKI_NAMES = ["jit", "simulate", "language", "isa", "lnc", "dtype", "typing"]
+NKI_NAMES = ["jit", "simulate", "language", "isa", "lnc", "dtype", "typing", "compiler"]
+
+# v2.33.1 nki/api/nki.compiler.html: the per-kernel configuration classes.
+COMPILER_NAMES = ["CompileConfig", "SpecializationConfig", "AddressRotation"]
 
 # nki/api/nki.language.html and _modules/nki/language.html (v2.33.0): memory regions, dtypes,
 # tile sizes, creation, math, reductions, loops, launch queries.
@@ -69,14 +72,14 @@ ENUM_VALUES = {
 
 
 @pytest.mark.parametrize("module,names", [(nki, NKI_NAMES), (nl, NL_NAMES), (nisa, ISA_NAMES),
-                                          (nki_lnc, LNC_NAMES)],
-                         ids=["nki", "nki.language", "nki.isa", "nki.lnc"])
+                                          (nki_lnc, LNC_NAMES), (nki.compiler, COMPILER_NAMES)],
+                         ids=["nki", "nki.language", "nki.isa", "nki.lnc", "nki.compiler"])
 def test_every_documented_name_resolves(module, names):
     missing = [n for n in names if not hasattr(module, n)]
     assert not missing, f"{module.__name__}: documented names missing: {missing}"
 
 
-@pytest.mark.parametrize("name", ["bn_stats", "nc_matmul_mx", "register_alloc", "topk"])
+@pytest.mark.parametrize("name", ["max8", "nc_matmul_mx", "register_alloc", "topk"])
 def test_unmodelled_isa_names_raise_not_modelled(name):
     with pytest.raises(NkiError, match=rf"^nisa\.{name} is not modelled by this emulator$"):
         getattr(nisa, name)()
