@@ -28,19 +28,29 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# name -> (levels, B, N_q, N_h, C_h, N_p)
-WORKLOADS = {
-    "tiny": (((4, 4), (2, 2)), 1, 8, 2, 4, 2),
-    "ddetr_dec": (((100, 167), (50, 84), (25, 42), (13, 21)), 2, 300, 8, 32, 4),
-}
-SHAPES = WORKLOADS["tiny"][0]
-BATCH, QUERIES, HEADS, CHANNELS, POINTS = WORKLOADS["tiny"][1:]
+# name -> (levels, B, N_q, N_h, C_h, N_p); the named shapes come from nkilib_msda.workloads of
+# this checkout (resolved in the parent process and handed to the timed trees as JSON, so an
+# old tree timed with --before needs no workloads module).
+TINY = (((4, 4), (2, 2)), 1, 8, 2, 4, 2)
+WORKLOADS = ("tiny", "ddetr_dec")
+SHAPES = TINY[0]
+BATCH, QUERIES, HEADS, CHANNELS, POINTS = TINY[1:]
 
 
-def _use_workload(name: str) -> None:
+def _workload(name: str) -> list:
+    if name == "tiny":
+        return json.loads(json.dumps(TINY))
+    from nkilib_msda.workloads import PRESETS, resolve_preset
+
+    case = PRESETS[resolve_preset(name)]
+    return [case.spatial_shapes, case.batch, case.num_queries, case.num_heads, case.head_dim,
+            case.num_points]
+
+
+def _use_workload(workload: list) -> None:
     global SHAPES, BATCH, QUERIES, HEADS, CHANNELS, POINTS
-    SHAPES = WORKLOADS[name][0]
-    BATCH, QUERIES, HEADS, CHANNELS, POINTS = WORKLOADS[name][1:]
+    SHAPES = tuple(tuple(level) for level in workload[0])
+    BATCH, QUERIES, HEADS, CHANNELS, POINTS = workload[1:]
 
 
 def _install_stub_backend() -> None:
@@ -172,7 +182,7 @@ def _cases(dtype_name: str = "float32"):
     ]
 
 
-def measure(backend: str, calls: int, repeats: int, shape: str = "tiny",
+def measure(backend: str, calls: int, repeats: int, workload: list,
             dtype: str = "float32", clock: str = "wall", cases: str = "") -> dict:
     """{label: µs per call} for this interpreter's nkilib_msda."""
     import nkilib_msda
@@ -183,7 +193,7 @@ def measure(backend: str, calls: int, repeats: int, shape: str = "tiny",
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add wake-up noise
     if backend == "stub":
         _install_stub_backend()
-    _use_workload(shape)
+    _use_workload(workload)
     results = {}
     for label, fn, divisor in _cases(dtype):
         if cases and not any(part in label for part in cases.split(",")):
@@ -196,6 +206,7 @@ def _run_tree(path: Path, args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--backend", args.backend,
            "--calls", str(args.calls), "--repeats", str(args.repeats), "--shape", args.shape,
+           "--workload-json", json.dumps(_workload(args.shape)),
            "--dtype", args.dtype, "--clock", args.clock, "--cases", args.cases]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=path)
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -221,9 +232,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workload-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.json:
-        print(json.dumps(measure(args.backend, args.calls, args.repeats, args.shape, args.dtype,
+        workload = json.loads(args.workload_json) if args.workload_json else _workload(args.shape)
+        print(json.dumps(measure(args.backend, args.calls, args.repeats, workload, args.dtype,
                                  args.clock, args.cases)))
         return
 
