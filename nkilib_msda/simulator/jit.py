@@ -39,6 +39,7 @@ from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_erro
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
+from nkilib_msda.simulator.timing import Timeline, Timing
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
 __all__ = ["jit", "JitKernel", "simulate", "lnc_degree"]
@@ -294,7 +295,9 @@ class _Runner:
         inputs = _Inputs()
         kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
         shared = SharedState(self.lnc, self.target, self.options,
-                             ProgramScheduler(self.lnc, self.options.barrier_timeout_s))
+                             ProgramScheduler(self.lnc, self.options.barrier_timeout_s),
+                             timeline=Timeline(self.target.name, self.lnc)
+                             if self.want_report and timing_enabled() else None)
         contexts = [ExecutionContext(shared, pid, self.program_ndim) for pid in range(self.lnc)]
         results: list[Any] = [None] * self.lnc
         errors: list[BaseException | None] = [None] * self.lnc
@@ -341,6 +344,10 @@ class _Runner:
             arrays = [_to_torch(a) for a in arrays]
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
+        for ctx in contexts:
+            ctx.report._timeline = None
+        if shared.timeline is not None:
+            report.timing = Timing.from_timeline(shared.timeline)
         if is_none:
             return (report,) if self.want_report else None
         if is_tuple:
@@ -360,6 +367,12 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
 
 
 STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
+TIMING_ENV = "NKILIB_MSDA_SIM_TIMING"
+
+
+def timing_enabled() -> bool:
+    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_SIM_TIMING=0``."""
+    return bool(env_flag(TIMING_ENV, default=True))
 
 
 def _is_abort(exc: BaseException) -> bool:

@@ -352,8 +352,22 @@ def _direction(src_sides: Sequence[str], dst_side: str) -> str:
     return f"{src}_to_{dst_side}"
 
 
+def _queue(dge: Enum, eng: Enum = _engine.unknown) -> str | None:
+    """Where the timing model issues a DMA: a hardware DGE queue driven by Sync or Scalar
+    (ACT), or software DGE on GpSimd; None lets the model choose by the DMA's kind
+    (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/architecture/trainium2_arch.html,
+    "Descriptor Generation Engine")."""
+    if dge is _dge_mode.swdge:
+        return "swdge"
+    if eng in (_engine.scalar, _engine.activation):
+        return "act"
+    if eng is _engine.sync:
+        return "sync"
+    return None
+
+
 def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, elements: int,
-             direction: str | None = None) -> None:
+             direction: str | None = None, queue: str | None = None) -> None:
     """Record one DMA; a read-modify-write lists its destination among ``srcs`` so the HBM
     read is counted, and passes the data-flow ``direction`` explicitly."""
     hbm = sum(elements * s.itemsize for s in srcs if s.side == "hbm")
@@ -364,7 +378,8 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
     skipped = sum(op.skipped_rows for op in (*srcs, dst) if op.kind != "static")
     direction = direction or _direction([s.side for s in srcs], dst.side)
     current().report.add_dma(opcode, kind, direction,
-                             elements, elements * dst.itemsize, hbm, descriptors, skipped)
+                             elements, elements * dst.itemsize, hbm, descriptors, skipped,
+                             queue=queue)
 
 
 # -- dma_copy ----------------------------------------------------------------------------------------
@@ -384,8 +399,8 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
     """``dst = src`` (equal element counts, row-major pairing) between HBM and SBUF.
 
     Parameter order as the NKI 0.8 API (``priority`` third); ``priority`` (DMA quality of service,
-    0 highest to 3 lowest, NeuronCore-v4) is checked and otherwise has no effect here: the
-    emulator models no timing.
+    0 highest to 3 lowest, NeuronCore-v4) is checked and otherwise has no effect here (the
+    timing model does not model DMA priorities).
 
     Gather: ``src=hbm.ap(..., vector_offset=idx)`` (row ``idx[p]`` -> partition p).
     Scatter: ``dst=hbm.ap(..., vector_offset=idx)``. Different dtypes cast via fp32.
@@ -426,7 +441,7 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
         # Static views move through NumPy strides (no address arrays); same elements.
         values = read(src, ins).reshape(-1)
         store(dst, _convert(values, s.dtype, d.dtype), ins)
-        _account(ins, "direct", [s], d, int(values.size))
+        _account(ins, "direct", [s], d, int(values.size), queue=_queue(dge, eng))
         return
     mask = _transfer_mask(s, d)
     s_addr, d_addr = s.index(mask), d.index(mask)
@@ -435,7 +450,7 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
     write_raw(d.storage, d_addr, values, d.dtype, ins)
     kind = "indirect_scatter" if isinstance(dst, IndirectAccess) else (
         "indirect_gather" if isinstance(src, IndirectAccess) else "direct")
-    _account(ins, kind, [s], d, int(values.size))
+    _account(ins, kind, [s], d, int(values.size), queue=_queue(dge, eng))
 
 
 # -- dma_transpose -------------------------------------------------------------------------------
@@ -532,7 +547,8 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = N
         src_addr, d_addr = src_addr[keep], d.index(keep)
     values = read_raw(s.storage, src_addr, s.dtype, ins, src.name)
     write_raw(d.storage, d_addr, values, d.dtype, ins)
-    _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size))
+    _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size),
+             queue=_queue(dge))
 
 
 # -- dma_compute -----------------------------------------------------------------------------------
