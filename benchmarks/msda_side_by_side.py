@@ -120,12 +120,11 @@ def _timing_fields(report: Any) -> dict[str, Any] | None:
     for name in ("estimate_us", "low_us", "high_us", "lower_bound_us", "bound_by"):
         value = getattr(timing, name, None)
         out[name] = value if isinstance(value, (str, type(None))) else float(value)
-    out["engine_busy_us"] = {k: float(v) for k, v in dict(getattr(timing, "engine_busy_us", {})).items()}
-    for name in ("dma_queue_busy_us", "queue_busy_us", "dma_queue_occupancy"):
-        value = getattr(timing, name, None)
-        if isinstance(value, dict):
-            out["dma_queue_busy_us"] = {str(k): float(v) for k, v in value.items()}
-            break
+    for name in ("engine_busy_us", "critical_path_us"):
+        out[name] = {str(k): float(v) for k, v in dict(getattr(timing, name, {}) or {}).items()}
+    for name in ("makespan_us", "hbm_us"):
+        if getattr(timing, name, None) is not None:
+            out[name] = float(getattr(timing, name))
     return out
 
 
@@ -345,13 +344,45 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
     return "\n".join(lines)
 
 
+def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
+                  directions: list[str] = list(DIRECTIONS)) -> str:
+    """Markdown, one LNC (the README's short version): nominal µs of both kernels and the
+    ranking."""
+    lines = [f"| shape | dir | ours µs (LNC {lnc}) | AWS µs | ours/AWS | ranking over the band |",
+             "|---|---|---|---|---|---|"]
+    for shape in shapes:
+        for direction in directions:
+            ours = runs.get(run_key("ours", direction, shape, lnc))
+            aws = runs.get(run_key("aws", direction, shape, lnc))
+            to, ta = _timing(ours), _timing(aws)
+            if not to and not ta:
+                continue
+            cells = []
+            for t, record in ((to, ours), (ta, aws)):
+                note = _status_note(record)
+                text = _fmt_us(t["estimate_us"]) if t else "-"
+                cells.append(text + (" (wrong result)" if note.startswith("WRONG") else ""))
+            ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
+            lines.append(f"| {shape} | {direction} | {cells[0]} | {cells[1]} | {ratio} "
+                         f"| {rank(to, ta)} |")
+    return "\n".join(lines)
+
+
 def _busy_text(record: dict[str, Any]) -> str:
     timing = record.get("timing")
     if timing and timing.get("engine_busy_us"):
         busy = sorted(timing["engine_busy_us"].items(), key=lambda kv: -kv[1])
-        return ", ".join(f"{k} {_fmt_us(v)}" for k, v in busy if v > 0)
+        return ", ".join(f"{k} {_fmt_us(v)}" for k, v in busy
+                         if v > 0 and k != "dma" and not k.startswith("queue"))
     instr = record.get("counts", {}).get("instructions", {})
     return "instr: " + ", ".join(f"{k} {v:,}" for k, v in instr.items() if v)
+
+
+def _critical_text(record: dict[str, Any]) -> str:
+    """The three largest shares of the critical path at nominal parameters."""
+    crit = (record.get("timing") or {}).get("critical_path_us") or {}
+    top = sorted(crit.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{k} {_fmt_us(v)}" for k, v in top if v > 0) or "-"
 
 
 def _descriptor_text(record: dict[str, Any]) -> str:
@@ -366,20 +397,19 @@ def _descriptor_text(record: dict[str, Any]) -> str:
 
 
 def _queue_text(record: dict[str, Any]) -> str:
-    timing = record.get("timing") or {}
-    queues = timing.get("dma_queue_busy_us")
-    if not queues:
-        return "-"
-    busiest = max(queues.values())
-    return f"{len(queues)} queues, busiest {_fmt_us(busiest)} µs"
+    """DMA occupancy: the busiest DMA engine and the DGE issue queues (busy µs, busiest core)."""
+    busy = (record.get("timing") or {}).get("engine_busy_us", {})
+    parts = [f"{k} {_fmt_us(v)}" for k, v in sorted(busy.items())
+             if (k == "dma" or k.startswith("queue")) and v > 0]
+    return ", ".join(parts) or "-"
 
 
 def bounds_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                  kernels: list[str] = list(KERNELS), directions: list[str] = list(DIRECTIONS)) -> str:
     """Markdown: what bounds each kernel (issue 21's 'measure first')."""
-    lines = ["| shape | dir | LNC | kernel | bound by | engine busy µs | indirect descriptors × mean size "
-             "| HBM MB | DMA queues | emulator s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | dir | LNC | kernel | bound by | critical path µs (top 3) | engine busy µs "
+             "| indirect descriptors × mean size | HBM MB | DMA busy µs | emulator s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
             for lnc in lncs:
@@ -390,7 +420,8 @@ def bounds_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                     timing = record.get("timing") or {}
                     hbm = record.get("counts", {}).get("dma_hbm_bytes", 0) / 1e6
                     lines.append(f"| {shape} | {direction} | {lnc} | {kernel} | "
-                                 f"{timing.get('bound_by', '-')} | {_busy_text(record)} | "
+                                 f"{timing.get('bound_by', '-')} | {_critical_text(record)} | "
+                                 f"{_busy_text(record)} | "
                                  f"{_descriptor_text(record)} | {hbm:,.1f} | {_queue_text(record)} | "
                                  f"{record.get('emulator_wall_s', '-')} |")
     return "\n".join(lines)
@@ -403,6 +434,19 @@ def missing_runs(runs: dict[str, Any], shapes: list[str], lncs: list[int],
             if runs.get(run_key(k, d, s, n), {}).get("status") != "ok"]
 
 
+def estimated_wall_s(runs: dict[str, Any], key: str) -> float | None:
+    """Emulator seconds a missing run would take: the measured seconds per sample of the same
+    kernel, direction and LNC on the largest shape that ran, times this shape's samples."""
+    kernel, direction, shape, lnc = key.split("/")
+    done = [r for r in runs.values() if r.get("status") == "ok" and r.get("kernel") == kernel
+            and r.get("direction") == direction and f"lnc{r.get('lnc')}" == lnc
+            and r.get("shape") in SHAPES]
+    if not done:
+        return None
+    ref = max(done, key=lambda r: SHAPES[r["shape"]].num_samples)
+    return ref["emulator_wall_s"] / SHAPES[ref["shape"]].num_samples * SHAPES[shape].num_samples
+
+
 def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels: list[str],
            directions: list[str]) -> str:
     runs = results.get("runs", {})
@@ -411,9 +455,14 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
            f"{meta.get('date', '?')}: `{meta.get('command', '')}`", "",
            side_by_side_table(runs, shapes, lncs, directions, kernels), "",
            bounds_table(runs, shapes, lncs, kernels, directions)]
+    if 2 in lncs:
+        out += ["", compact_table(runs, shapes, 2, directions)]
     missing = missing_runs(runs, shapes, lncs, kernels, directions)
     if missing:
-        out += ["", "PARTIAL: no result for " + ", ".join(missing)]
+        def note(key: str) -> str:
+            est = estimated_wall_s(runs, key)
+            return key + (f" (~{est / 60:.0f} min of emulator time)" if est else "")
+        out += ["", "PARTIAL: no result for " + ", ".join(note(k) for k in missing)]
     return "\n".join(out)
 
 

@@ -129,3 +129,21 @@ def test_table_only_without_aws_checkout(tmp_path, capsys):
     assert "40.0 [30.0–50.0]" in out and "PARTIAL" not in out
     with pytest.raises(SystemExit):
         sbs.main(["--table-only", "--json", str(path), "--kernels", "aws"])
+
+
+def test_compact_table_one_lnc():
+    runs = {sbs.run_key("ours", "fwd", "basic", 2): _record("ours", "fwd", "basic", 2, _timing(40, 30, 50)),
+            sbs.run_key("aws", "fwd", "basic", 2): _record("aws", "fwd", "basic", 2, _timing(160, 45, 300),
+                                                         correct=False),
+            sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(1, 1, 1))}
+    lines = sbs.compact_table(runs, ["basic"], 2, ["fwd", "bwd"]).splitlines()
+    assert len(lines) == 3  # header, rule, one row (no bwd data)
+    assert lines[2] == "| basic | fwd | 40.0 | 160 (wrong result) | 0.25 | overlap |"
+
+
+def test_estimated_wall_time_of_a_missing_run_scales_with_samples():
+    runs = {sbs.run_key("ours", "bwd", "decoder-base", 2): _record("ours", "bwd", "decoder-base", 2, None)}
+    runs[sbs.run_key("ours", "bwd", "decoder-base", 2)]["emulator_wall_s"] = 9.0
+    est = sbs.estimated_wall_s(runs, sbs.run_key("ours", "bwd", "tsa-base", 2))
+    assert est == pytest.approx(9.0 * 40000 / 900)
+    assert sbs.estimated_wall_s(runs, sbs.run_key("aws", "bwd", "tsa-base", 2)) is None
