@@ -76,6 +76,9 @@ DIRECTIONS = ("fwd", "bwd")
 DEFAULT_JSON = Path(__file__).with_name("msda_side_by_side.json")
 AWS_MODULE = "nkilib_src.nkilib.experimental.deformable_attention"
 # Indirect (per-row) DMA kinds of the cost report: the descriptors that dominate MSDA.
+# Emulator hazard warnings worth a note in the table (others, such as an allocator's
+# overlapping placement, are bookkeeping).
+FLAGGED_WARNINGS = ("cross-core race", "duplicate scatter")
 INDIRECT_KINDS = ("indirect_gather", "indirect_transpose", "indirect_scatter", "indirect_rmw")
 
 
@@ -307,10 +310,14 @@ def _status_note(record: dict[str, Any] | None) -> str:
         return "not run"
     if record.get("status") != "ok":
         return record.get("status", "error")
+    notes = []
     if not record.get("correct", False):
-        wrong = [n for n, e in record.get("errors", {}).items() if not e["ok"]]
-        return "WRONG " + ",".join(wrong)
-    return ""
+        notes.append("WRONG " + ",".join(n for n, e in record.get("errors", {}).items() if not e["ok"]))
+    flagged = [w.split(": ", 1)[-1] for w in record.get("warnings", [])
+               if any(f in w for f in FLAGGED_WARNINGS)]
+    if flagged:
+        notes.append("warns " + ", ".join(sorted(set(flagged))))
+    return " (".join(notes) + (")" if len(notes) > 1 else "")
 
 
 def _timing(record: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -147,3 +147,14 @@ def test_estimated_wall_time_of_a_missing_run_scales_with_samples():
     est = sbs.estimated_wall_s(runs, sbs.run_key("ours", "bwd", "tsa-base", 2))
     assert est == pytest.approx(9.0 * 40000 / 900)
     assert sbs.estimated_wall_s(runs, sbs.run_key("aws", "bwd", "tsa-base", 2)) is None
+
+
+def test_status_note_flags_wrong_results_and_hazards_only():
+    rec = _record("aws", "bwd", "basic", 2, None, correct=False)
+    rec["warnings"] = ["dma_compute: cross-core race", "ndarray: overlapping placement"]
+    assert sbs._status_note(rec) == "WRONG output (warns cross-core race)"
+    rec = _record("aws", "bwd", "basic", 2, None)
+    rec["warnings"] = ["ndarray: overlapping placement"]
+    assert sbs._status_note(rec) == ""
+    assert sbs._status_note({"status": "timeout"}) == "timeout"
+    assert sbs._status_note(None) == "not run"
