@@ -1,4 +1,4 @@
-"""Command line: ``nkilib-msda check | bench | info`` (also ``python -m nkilib_msda``)."""
+"""Command line: ``nkilib-msda check | profile | bench | info`` (also ``python -m nkilib_msda``)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from nkilib_msda.profile import run_profile
+
+    run_profile(preset=args.preset, kernel=args.kernel, lnc=args.lnc, target=args.target,
+                out=args.out, seed=args.seed)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from nkilib_msda.bench_gpu import main as bench_main
 
@@ -112,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=_non_negative_int, default=0,
                        help="random seed of the inputs, >= 0 (default: %(default)s)")
     check.set_defaults(func=cmd_check)
+
+    profile = sub.add_parser(
+        "profile", help="modelled Trainium timeline of one kernel (Chrome trace + PNG)",
+        description="Run one NKI kernel in the emulator and write the timing model's Chrome "
+                    "trace and a PNG timeline (docs/timing.md).")
+    profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET")
+    profile.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
+    profile.add_argument("--lnc", type=int, default=1, choices=[1, 2])
+    profile.add_argument("--target", default=None, choices=["trn2", "trn3"],
+                         help="default: trn2 (or NEURON_PLATFORM_TARGET_OVERRIDE)")
+    profile.add_argument("--out", default="profile", help="output directory (default: %(default)s)")
+    profile.add_argument("--seed", type=_non_negative_int, default=0)
+    profile.set_defaults(func=cmd_profile)
 
     # `bench` is dispatched in main() before parsing; listed here for --help.
     sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op); "

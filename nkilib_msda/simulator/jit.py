@@ -39,7 +39,7 @@ from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_erro
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
-from nkilib_msda.simulator.timing import Timeline, Timing
+from nkilib_msda.simulator.timing import Timeline, Timing, TimingWarning
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
 __all__ = ["jit", "JitKernel", "simulate", "lnc_degree"]
@@ -347,7 +347,11 @@ class _Runner:
         for ctx in contexts:
             ctx.report._timeline = None
         if shared.timeline is not None:
-            report.timing = Timing.from_timeline(shared.timeline)
+            if shared.timeline.failure is None:
+                report.timing = Timing.from_timeline(shared.timeline)
+            else:
+                warnings.warn(f"the timing model failed ({shared.timeline.failure}); "
+                              "report.timing is None", TimingWarning, stacklevel=2)
         if is_none:
             return (report,) if self.want_report else None
         if is_tuple:

@@ -116,20 +116,25 @@ class CostReport:
                 hbm_bytes: int = 0, descriptors: dict[int, int] | None = None,
                 skipped_descriptors: int = 0, queue: str | None = None) -> None:
         """Count one DMA instruction: kind, direction, bytes, and descriptors as a histogram
-        ``{bytes_per_descriptor: count}`` (indirect DMAs). ``queue`` ("sync", "act" or
-        "swdge", None: by kind) is where the timing model issues it."""
+        ``{bytes_per_descriptor: count}`` (indirect DMAs). ``queue`` ("sync" or "act":
+        hardware DGE, "swdge": software DGE, None: by kind) is where the timing model issues
+        it."""
         if kind not in DMA_KINDS:
             raise ValueError(f"CostReport.add_dma: unknown kind {kind!r}; expected {DMA_KINDS}")
         if direction not in DMA_DIRECTIONS:
             raise ValueError(f"CostReport.add_dma: unknown direction {direction!r}")
-        self._count("dma", opcode, elements)
+        timeline, self._timeline = self._timeline, None  # timed below, as a DMA
+        try:
+            self.add_instruction("dma", opcode, elements)  # every instruction passes here
+        finally:
+            self._timeline = timeline
         stats = self.dma.get((kind, direction))
         if stats is None:
             stats = self.dma[(kind, direction)] = _DmaStats()
         stats.add(elements, nbytes, hbm_bytes, descriptors, skipped_descriptors)
-        if self._timeline is not None:
-            timeline, program = self._timeline
-            timeline.dma(program, opcode, kind, direction, int(elements), int(nbytes),
+        if timeline is not None:
+            recorder, program = timeline
+            recorder.dma(program, opcode, kind, direction, int(elements), int(nbytes),
                          int(hbm_bytes), descriptors, queue)
 
     def note_memory(self, sbuf_bytes: int, psum_bytes: int) -> None:

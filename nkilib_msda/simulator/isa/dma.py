@@ -353,16 +353,14 @@ def _direction(src_sides: Sequence[str], dst_side: str) -> str:
 
 
 def _queue(dge: Enum, eng: Enum = _engine.unknown) -> str | None:
-    """Where the timing model issues a DMA: a hardware DGE queue driven by Sync or Scalar
-    (ACT), or software DGE on GpSimd; None lets the model choose by the DMA's kind
-    (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/architecture/trainium2_arch.html,
-    "Descriptor Generation Engine")."""
+    """Where the timing model issues a DMA: hardware DGE driven by Sync ("sync") or Scalar
+    ("act"), software DGE on GpSimd ("swdge"); None (dge_mode unknown or none) lets the model
+    choose by the DMA's kind (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/
+    deep-dives/nki-dge.html)."""
     if dge is _dge_mode.swdge:
         return "swdge"
-    if eng in (_engine.scalar, _engine.activation):
-        return "act"
-    if eng is _engine.sync:
-        return "sync"
+    if dge is _dge_mode.hwdge:
+        return "act" if eng in (_engine.scalar, _engine.activation) else "sync"
     return None
 
 

@@ -33,6 +33,7 @@ SOURCES: dict[str, str] = {
     "trn2_chip": f"{_DOCS}/about-neuron/arch/neuron-hardware/trainium2.html",
     "dma_bandwidth": f"{_DOCS}/nki/deep-dives/nki-dma-bandwidth-guide.html",
     "dma_overview": f"{_DOCS}/nki/get-started/about/nki-dma-overview.html",
+    "dge": f"{_DOCS}/nki/deep-dives/nki-dge.html",
     "perf_guide": f"{_DOCS}/nki/deep-dives/nki_perf_guide.html",
     "isa_226": _ISA_226 + "/nki.isa.<instruction>.html (2.26 'Estimated instruction cost')",
     "isa_tensor_tensor": f"{_ISA_226}/nki.isa.tensor_tensor.html",
@@ -188,8 +189,13 @@ def _params(hwdge_ns: float) -> tuple[Param, ...]:
               "GpSimd time to start one software-DGE DMA instruction (at least the 150-cycle "
               "GpSimd start-up): unpublished.", SOURCES["isa_iota"]),
         Param("hwdge_issue_ns", 0.67 * hwdge_ns, hwdge_ns, 1.33 * hwdge_ns, "ns per instruction",
-              "Hardware DGE time per DMA instruction on its queue ('about 600 ns').",
-              SOURCES["trn2_arch"]),
+              "Hardware DGE time per DMA instruction on its queue ('about 600 ns'); charged "
+              "to DMAs with dge_mode=hwdge.", SOURCES["trn2_arch"]),
+        Param("dma_trigger_ns", 50.0, 100.0, hwdge_ns, "ns per instruction",
+              "Queue time to start a direct DMA whose dge_mode is unknown or none: the "
+              "compiler may use descriptors prepared before execution (a trigger only) or "
+              "hardware DGE (about 600 ns, the high end): unpublished which.",
+              SOURCES["dge"]),
         Param("barrier_latency_ns", 200.0, 1000.0, 3000.0, "ns",
               "Time of nki.lnc.core_barrier once both cores arrived (a semaphore exchange "
               "through shared HBM): unpublished.", SOURCES["trn2_arch"]),

@@ -9,15 +9,14 @@ the ranged static overhead (``compute_overhead_cycles``) is added by the recorde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nkilib_msda.simulator.timing.constants import Hardware
 
 __all__ = ["Operand", "compute_cycles", "base_cycles", "matmul_cycles", "transpose_cycles"]
 
 
-@dataclass(frozen=True)
-class Operand:
+class Operand(NamedTuple):
     """What a cost formula needs of one operand: buffer ("sbuf", "psum" or HBM), whether
     its dtype is a 2-byte float (bf16/fp16), whether its innermost free dim is contiguous,
     its partitions and elements per partition."""

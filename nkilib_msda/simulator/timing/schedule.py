@@ -6,9 +6,11 @@ durations are linear in the parameters, and a node starts when its resources are
 a fixed graph, so it is non-decreasing in every node duration and therefore in every
 parameter: all parameters ``low`` give ``low_us``, all ``high`` give ``high_us``.
 
-Kernel time = ``launch_floor_us`` + max(makespan over the cores, HBM time), where HBM time is
-the launch's HBM bytes (both cores) over its share of the chip's HBM bandwidth
-(``lnc / hbm_contending_cores`` of it).
+Kernel time = ``launch_floor_us`` + max(makespan over the cores, HBM time, busiest DMA
+engine), where HBM time is the launch's HBM bytes (both cores) over its share of the chip's
+HBM bandwidth (``lnc / hbm_contending_cores`` of it), and the busiest DMA engine's time is the
+work of all queues on it (the queues' lanes run side by side in the schedule but share the
+engine's bandwidth).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ __all__ = ["Timing"]
 _P = {name: i for i, name in enumerate(PARAM_NAMES)}
 
 
+def _csr(lists: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers and indices of a list of index tuples."""
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    if lists:
+        ptr[1:] = np.cumsum([len(p) for p in lists])
+    idx = np.fromiter((j for p in lists for j in p), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, idx
+
+
 class Timing:
     """Modelled time of one simulated kernel (all cores of an LNC 2 run together).
 
@@ -40,7 +51,8 @@ class Timing:
       (``tensor``, ``vector``, ``scalar``, ``gpsimd``), ``dma_bandwidth`` (bytes on the DMA
       engines), ``dma_descriptors`` (per-descriptor DMA cost), ``dma_latency`` (DMA fixed
       latency), ``dma_issue`` (DGE queues), ``dependency_latency``, ``barrier``, ``hbm``
-      (HBM share), or ``launch`` (the launch floor exceeds the rest);
+      (HBM share), ``dma_engines`` (the busiest DMA engine's work over all its queues exceeds
+      the schedule), or ``launch`` (the launch floor exceeds the rest);
     - ``engine_busy_us``: per resource, the busy time of the busiest core (``dma``: the
       busiest of the 16 DMA engines; ``queue_sync``/``queue_act``: hardware DGE issue);
     - ``lower_bound_us``: the launch floor plus the largest of: one engine's busy time, DMA
@@ -52,20 +64,32 @@ class Timing:
 
     def __init__(self, target: str, num_programs: int, core_names: tuple[str, ...],
                  kind: np.ndarray, core: np.ndarray, res_lo: np.ndarray, res_hi: np.ndarray,
-                 const: np.ndarray, coef: np.ndarray, lat: np.ndarray, pred_ptr: np.ndarray,
-                 pred_idx: np.ndarray, names: list[str], queues: list[str],
-                 hbm_bytes: int) -> None:
+                 const: np.ndarray, coef: np.ndarray, lat: np.ndarray,
+                 preds: tuple[np.ndarray, np.ndarray], order: tuple[np.ndarray, np.ndarray],
+                 names: list[str], queues: list[str], hbm_bytes: int) -> None:
         self.target = target
         self.num_programs = num_programs
         self.core_names = core_names
         self._kind, self._core = kind, core
         self._res_lo, self._res_hi = res_lo, res_hi
         self._const, self._coef, self._lat = const, coef, lat
-        self._pred_ptr, self._pred_idx = pred_ptr, pred_idx
+        self._pred_ptr, self._pred_idx = preds
+        self._order_ptr, self._order_idx = order
         self._names, self._queues = names, queues
         self.hbm_bytes = int(hbm_bytes)
         self.num_nodes = int(kind.size)
         self.params: dict[str, float] = dict(zip(PARAM_NAMES, param_vector(target)))
+        per_core = len(core_names)
+        # resource -> (core, DMA engine) slot of the shared-bandwidth bound, -1 for others
+        engines = hardware_for(target).dma_engines
+        self._slot = [core * engines + int(name.rsplit("dma", 1)[1]) if ":dma" in name else -1
+                      for core in range(num_programs) for name in core_names]
+        self._track = [name.split(":", 1)[1] if ":dma" in name else name for name in core_names]
+        assert len(self._slot) == per_core * num_programs
+        # plain lists for the scheduling loop (converted once)
+        self._loop = (res_lo.tolist(), res_hi.tolist(), self._pred_ptr.tolist(),
+                      self._pred_idx.tolist(), self._order_ptr.tolist(),
+                      self._order_idx.tolist(), lat.tolist())
         nominal = self._run(param_vector(target), trace=True)
         self.estimate_us = nominal["total_ns"] / 1e3
         self.low_us = self._run(param_vector(target, which="low"))["total_ns"] / 1e3
@@ -73,6 +97,7 @@ class Timing:
         self._start, self._end, self._dur = nominal["start"], nominal["end"], nominal["dur"]
         self.makespan_us = nominal["makespan_ns"] / 1e3
         self.hbm_us = nominal["hbm_ns"] / 1e3
+        self.dma_engine_us = nominal["dma_engine_ns"] / 1e3  # busiest DMA engine, all queues
         self.critical_path_us = {k: v / 1e3 for k, v in nominal["critical"].items()}
         self.engine_busy_us = self._busy()
         self.lower_bound_us = self._lower_bound(param_vector(target)) / 1e3
@@ -86,14 +111,11 @@ class Timing:
         for i, terms in enumerate(tl.terms):
             for p, c in terms:
                 coef[i, p] += c
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum([len(p) for p in tl.preds]) if n else []
-        idx = np.fromiter((j for p in tl.preds for j in p), dtype=np.int64, count=int(ptr[-1]))
         return cls(tl.target, tl.num_programs, tl.core_names, np.asarray(tl.kind, np.int64),
                    np.asarray(tl.core, np.int64), np.asarray(tl.res_lo, np.int64),
                    np.asarray(tl.res_hi, np.int64), np.asarray(tl.const, float), coef,
-                   np.asarray(tl.lat, np.int64), ptr, idx, list(tl.name), list(tl.queue),
-                   tl.hbm_bytes)
+                   np.asarray(tl.lat, np.int64), _csr(tl.preds), _csr(tl.order),
+                   list(tl.name), list(tl.queue), tl.hbm_bytes)
 
     # -- scheduling --------------------------------------------------------------------------
     def _hbm_ns(self, p: list[float]) -> float:
@@ -105,11 +127,13 @@ class Timing:
         n = self.num_nodes
         pv = np.asarray(p, dtype=float)
         dur = (self._const + self._coef @ pv).tolist() if n else []
-        lat_values = [pv[i] if i >= 0 else 0.0 for i in self._lat.tolist()]
-        res_lo, res_hi = self._res_lo.tolist(), self._res_hi.tolist()
-        ptr, idx = self._pred_ptr.tolist(), self._pred_idx.tolist()
+        res_lo, res_hi, ptr, idx, optr, oidx, lat = self._loop
+        plist = pv.tolist()
+        lat_values = [plist[i] if i >= 0 else 0.0 for i in lat]
         free = [0.0] * (len(self.core_names) * self.num_programs)
         last_on = [-1] * len(free)
+        slot = self._slot
+        engine_work = [0.0] * (hardware_for(self.target).dma_engines * self.num_programs)
         start = [0.0] * n
         end = [0.0] * n
         bind = [-1] * n  # the node whose end decided this node's start (trace only)
@@ -132,18 +156,29 @@ class Timing:
                 ready += lat_values[i]
                 if ready > s:
                     s, b = ready, rb
-            e = s + dur[i]
+            a, z = optr[i], optr[i + 1]
+            for j in oidx[a:z]:
+                if end[j] > s:
+                    s, b = end[j], j
+            d = dur[i]
+            e = s + d
             start[i] = s
             end[i] = e
             bind[i] = b
             for r in range(lo, hi):
                 free[r] = e
                 last_on[r] = i
+                if slot[r] >= 0:
+                    engine_work[slot[r]] += d
         makespan = max(end) if n else 0.0
         hbm = self._hbm_ns(p)
+        # The queues' lanes of one DMA engine share its bandwidth: the kernel takes at least
+        # the busiest engine's total work.
+        dma_engine = max(engine_work) if engine_work else 0.0
         floor = p[_P["launch_floor_us"]] * 1e3
-        out: dict[str, Any] = {"makespan_ns": makespan, "hbm_ns": hbm,
-                               "floor_ns": floor, "total_ns": floor + max(makespan, hbm)}
+        out: dict[str, Any] = {"makespan_ns": makespan, "hbm_ns": hbm, "dma_engine_ns": dma_engine,
+                               "floor_ns": floor,
+                               "total_ns": floor + max(makespan, hbm, dma_engine)}
         if trace:
             out.update(start=start, end=end, dur=dur,
                        critical=self._critical(start, end, dur, bind, pv))
@@ -183,27 +218,36 @@ class Timing:
 
     def _bound_by(self, nominal: dict[str, Any]) -> str:
         floor, makespan, hbm = nominal["floor_ns"], nominal["makespan_ns"], nominal["hbm_ns"]
-        if floor >= max(makespan, hbm):
+        shared = nominal["dma_engine_ns"]
+        if floor >= max(makespan, hbm, shared):
             return "launch"
-        if hbm > makespan:
+        if hbm > max(makespan, shared):
             return "hbm"
+        if shared > makespan:
+            return "dma_engines"
         crit = nominal["critical"]
         return max(crit, key=crit.get) if crit else "launch"
 
-    def _busy(self) -> dict[str, float]:
+    def _busy(self, dur: Any = None) -> dict[str, float]:
+        """Busy µs per resource name on the busiest core (``dur``: node durations in ns,
+        default the nominal ones)."""
         per_core = len(self.core_names)
         busy = np.zeros(per_core * self.num_programs)
-        dur = np.asarray(self._dur)
-        for i in range(self.num_nodes):
-            lo, hi = int(self._res_lo[i]), int(self._res_hi[i])
-            if int(self._kind[i]) == NODE_BARRIER:
-                continue
-            busy[lo:hi] += dur[i]
+        dur = np.asarray(self._dur if dur is None else dur, dtype=float)
+        keep = self._kind != NODE_BARRIER
+        for lo, hi, d in zip(self._res_lo[keep].tolist(), self._res_hi[keep].tolist(),
+                             dur[keep].tolist()):
+            busy[lo:hi] += d
         out: dict[str, float] = {}
         by_core = busy.reshape(self.num_programs, per_core) / 1e3
+        engines: dict[str, Any] = {}
         for k, name in enumerate(self.core_names):
-            key = "dma" if name.startswith("dma") else name
-            out[key] = max(out.get(key, 0.0), float(by_core[:, k].max()))
+            if ":dma" in name:  # sum the queues' lanes of one DMA engine
+                track = self._track[k]
+                engines[track] = engines.get(track, 0.0) + by_core[:, k]
+            else:
+                out[name] = float(by_core[:, k].max())
+        out["dma"] = max((float(v.max()) for v in engines.values()), default=0.0)
         return out
 
     def _lower_bound(self, p: list[float]) -> float:
@@ -211,14 +255,14 @@ class Timing:
         pv = np.asarray(p)
         floor = p[_P["launch_floor_us"]] * 1e3
         best = self._hbm_ns(p)
+        busy = self._busy(self._const + self._coef @ pv if self.num_nodes else [])
+        for engine in COMPUTE_ENGINES:
+            best = max(best, busy.get(engine, 0.0) * 1e3)
         transfer = self._kind == NODE_TRANSFER
         width = (self._res_hi - self._res_lo).astype(float)
         for core in range(self.num_programs):
-            mine = self._core == core
-            for engine in COMPUTE_ENGINES:
-                best = max(best, self.engine_busy_us.get(engine, 0.0) * 1e3)
-            sel = mine & transfer
-            # bytes / total bandwidth and descriptors x per-descriptor cost, over 16 engines
+            sel = (self._core == core) & transfer
+            # bytes over the bandwidth of all 16 DMA engines; descriptors x per-descriptor cost
             best = max(best, float((self._const[sel] * width[sel]).sum()) / hw.dma_engines)
             best = max(best, float((self._coef[sel] @ pv * width[sel]).sum()) / hw.dma_engines)
         return floor + best
@@ -229,6 +273,10 @@ class Timing:
         values; the kernel is not re-run."""
         return self._run(param_vector(self.target, params))["total_ns"] / 1e3
 
+    def lower_bound(self, params: Mapping[str, float] | None = None) -> float:
+        """``lower_bound_us`` for ``params`` (by name) overriding the nominal values."""
+        return self._lower_bound(param_vector(self.target, params)) / 1e3
+
     def ranges(self) -> dict[str, tuple[float, float, float]]:
         """The unknown parameters' (low, nominal, high) for this target."""
         return {p.name: (p.low, p.nominal, p.high) for p in params_for(self.target)}
@@ -237,7 +285,7 @@ class Timing:
         """Chrome trace events: one process per core, one thread per engine / queue / DMA
         engine; times in µs at nominal parameters."""
         per_core = len(self.core_names)
-        tracks = list(self.core_names) + ["queue_swdge"]
+        tracks = list(dict.fromkeys(self._track)) + ["queue_static", "queue_swdge"]
         tid = {name: k for k, name in enumerate(tracks)}
         used: set[tuple[int, str]] = set()
         events: list[dict[str, Any]] = []
@@ -246,11 +294,11 @@ class Timing:
             ts, dur = self._start[i] / 1e3, self._dur[i] / 1e3
             lo, hi = int(self._res_lo[i]), int(self._res_hi[i])
             if kind == NODE_BARRIER:
-                cores = range(self.num_programs)
+                cores = list(range(self.num_programs))
                 names = ["sync"]
             else:
                 cores = [lo // per_core]
-                names = [self.core_names[r % per_core] for r in range(lo, hi)]
+                names = [self._track[r % per_core] for r in range(lo, hi)]
                 if kind == NODE_TRANSFER and self._queues[i]:
                     names.append("queue_" + self._queues[i])
             for core in cores:
