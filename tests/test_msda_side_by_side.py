@@ -1,0 +1,160 @@
+"""benchmarks/msda_side_by_side.py: ranking rule, tables and shape list (synthetic numbers only;
+no emulator run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("msda_side_by_side", ROOT / "benchmarks" / "msda_side_by_side.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sbs = _load()
+
+# nki-library's MSDA test shapes (test_ms_deformable_attention.py / ..._bwd.py): batch, N_q, N_h,
+# C_h, N_l, N_p, spatial shapes, value layout, locations layout. Written out here independently of
+# the benchmark's table so that a drift in either is caught.
+S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
+UPSTREAM_SHAPES = {
+    "basic": (2, 256, 8, 32, 4, 8, S4, "BLNC", "B2QHLP"),
+    "sca-base": (1, 18000, 8, 32, 4, 8, ((113, 200), (57, 100), (29, 50), (15, 25)), "BNLC", "B2QHLP"),
+    "tsa-base": (1, 40000, 8, 32, 1, 4, ((200, 200),), "BLNC", "B2QHLP"),
+    "decoder-base": (1, 900, 8, 32, 1, 4, ((200, 200),), "BLNC", "B2QHLP"),
+    "sca-small": (1, 13500, 8, 32, 1, 8, ((113, 200),), "BLNC", "B2QHLP"),
+    "tsa-small": (1, 22500, 8, 32, 1, 4, ((150, 150),), "BLNC", "B2QHLP"),
+    "decoder-small": (1, 900, 8, 32, 1, 4, ((150, 150),), "BLNC", "B2QHLP"),
+}
+
+
+def _timing(est, low, high, lb=None, bound="dma"):
+    return {"estimate_us": est, "low_us": low, "high_us": high, "lower_bound_us": lb,
+            "bound_by": bound, "engine_busy_us": {"vector": est / 2, "gpsimd": est / 4}}
+
+
+def _record(kernel, direction, shape, lnc, timing, correct=True, status="ok"):
+    errors = {"output": {"max_rel": 1e-3 if correct else 0.5, "rel_l2": 1e-3, "tolerance": 1e-2,
+                         "ok": correct}}
+    return {"kernel": kernel, "direction": direction, "shape": shape, "lnc": lnc, "status": status,
+            "timing": timing, "correct": correct, "errors": errors, "emulator_wall_s": 1.0,
+            "counts": {"instructions": {"vector": 10, "gpsimd": 2}, "dma_hbm_bytes": 2_000_000,
+                       "dma": {"indirect_transpose": {"instructions": 4, "descriptors": 1000,
+                                                      "descriptor_bytes": 64_000, "hbm_bytes": 1}}}}
+
+
+def test_shapes_match_nki_library_tests():
+    got = {name: (c.batch, c.num_queries, c.num_heads, c.head_dim, c.num_levels, c.num_points,
+                  tuple(map(tuple, c.spatial_shapes)), c.value_layout, c.locations_layout)
+           for name, c in sbs.SHAPES.items()}
+    assert got == UPSTREAM_SHAPES
+    for case in sbs.SHAPES.values():  # as nki-library's tests: bf16 value, zeros, no align_corners
+        assert (case.value_dtype, case.padding_mode, case.align_corners) == ("bfloat16", "zeros", False)
+    assert set(sbs.SHAPE_DESCRIPTIONS) == set(sbs.SHAPES)
+
+
+def test_documented_shapes_are_the_benchmarked_ones():
+    text = (ROOT / "docs" / "performance.md").read_text()
+    section = text.split("## Trainium (modelled)", 1)[1]
+    for name, case in sbs.SHAPES.items():
+        assert re.search(rf"\| {re.escape(name)} \|", section), name
+        assert f"{case.num_queries:,}" in section or str(case.num_queries) in section, name
+
+
+@pytest.mark.parametrize("ours, aws, expected", [
+    ((10, 8, 12), (30, 20, 40), "ours faster"),
+    ((30, 20, 40), (10, 8, 12), "AWS faster"),
+    ((10, 8, 25), (30, 20, 40), "overlap"),  # ours nominal 3x faster, but the bands overlap
+    ((10, 8, 20), (30, 20, 40), "overlap"),  # touching ends: no strict ranking
+    ((30, 19, 41), (30, 20, 40), "overlap"),
+])
+def test_rank_holds_only_at_both_ends_of_the_band(ours, aws, expected):
+    assert sbs.rank(_timing(*ours), _timing(*aws)) == expected
+
+
+def test_rank_without_timing_is_dash():
+    assert sbs.rank(None, _timing(1, 1, 1)) == "-"
+    assert sbs.rank(_timing(1, 1, 1), None) == "-"
+
+
+def test_side_by_side_table_ratio_ranking_and_flags():
+    runs = {
+        sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(50, 40, 60, 30)),
+        sbs.run_key("aws", "fwd", "basic", 1): _record("aws", "fwd", "basic", 1, _timing(200, 150, 300, 90)),
+        sbs.run_key("ours", "bwd", "basic", 1): _record("ours", "bwd", "basic", 1, _timing(100, 80, 400)),
+        sbs.run_key("aws", "bwd", "basic", 1): _record("aws", "bwd", "basic", 1, _timing(200, 150, 300),
+                                                     correct=False),
+    }
+    table = sbs.side_by_side_table(runs, ["basic"], [1, 2])
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:3]): line
+            for line in table.splitlines()[2:]}
+    fwd = rows[("basic", "fwd", "1")]
+    assert "50.0 [40.0–60.0]" in fwd and "200 [150–300]" in fwd
+    assert "| 0.25 |" in fwd and "| ours faster |" in fwd and "30.0 / 90.0" in fwd
+    bwd = rows[("basic", "bwd", "1")]
+    assert "| 0.50 |" in bwd and "| overlap |" in bwd and "AWS: WRONG output" in bwd
+    missing = rows[("basic", "fwd", "2")]
+    assert "ours: not run" in missing and "AWS: not run" in missing and "| - |" in missing
+
+
+def test_bounds_table_and_missing_runs():
+    runs = {sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(40, 30, 50)),
+            sbs.run_key("aws", "fwd", "basic", 1): _record("aws", "fwd", "basic", 1, None)}
+    table = sbs.bounds_table(runs, ["basic"], [1], directions=["fwd"])
+    lines = table.splitlines()[2:]
+    assert len(lines) == 2
+    assert "vector 20.0, gpsimd 10.0" in lines[0] and "transpose 1,000 × 64 B" in lines[0]
+    assert "instr: vector 10, gpsimd 2" in lines[1]  # no timing model: instruction counts
+    assert sbs.missing_runs(runs, ["basic"], [1], directions=["fwd"]) == []
+    assert sbs.missing_runs(runs, ["basic"], [1, 2], directions=["fwd"]) == [
+        "ours/fwd/basic/lnc2", "aws/fwd/basic/lnc2"]
+
+
+def test_table_only_without_aws_checkout(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    runs = {sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(40, 30, 50))}
+    path.write_text(json.dumps({"meta": {"date": "2026-12-01", "command": "x"}, "runs": runs}))
+    assert sbs.main(["--table-only", "--json", str(path), "--shapes", "basic", "--lnc", "1",
+                     "--directions", "fwd"]) == 0
+    out = capsys.readouterr().out
+    assert "40.0 [30.0–50.0]" in out and "PARTIAL" not in out
+    with pytest.raises(SystemExit):
+        sbs.main(["--table-only", "--json", str(path), "--kernels", "aws"])
+
+
+def test_compact_table_one_lnc():
+    runs = {sbs.run_key("ours", "fwd", "basic", 2): _record("ours", "fwd", "basic", 2, _timing(40, 30, 50)),
+            sbs.run_key("aws", "fwd", "basic", 2): _record("aws", "fwd", "basic", 2, _timing(160, 45, 300),
+                                                         correct=False),
+            sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(1, 1, 1))}
+    lines = sbs.compact_table(runs, ["basic"], 2, ["fwd", "bwd"]).splitlines()
+    assert len(lines) == 3  # header, rule, one row (no bwd data)
+    assert lines[2] == "| basic | fwd | 40.0 | 160 (wrong result) | 0.25 | overlap |"
+
+
+def test_estimated_wall_time_of_a_missing_run_scales_with_samples():
+    runs = {sbs.run_key("ours", "bwd", "decoder-base", 2): _record("ours", "bwd", "decoder-base", 2, None)}
+    runs[sbs.run_key("ours", "bwd", "decoder-base", 2)]["emulator_wall_s"] = 9.0
+    est = sbs.estimated_wall_s(runs, sbs.run_key("ours", "bwd", "tsa-base", 2))
+    assert est == pytest.approx(9.0 * 40000 / 900)
+    assert sbs.estimated_wall_s(runs, sbs.run_key("aws", "bwd", "tsa-base", 2)) is None
+
+
+def test_status_note_flags_wrong_results_and_hazards_only():
+    rec = _record("aws", "bwd", "basic", 2, None, correct=False)
+    rec["warnings"] = ["dma_compute: cross-core race", "ndarray: overlapping placement"]
+    assert sbs._status_note(rec) == "WRONG output (warns cross-core race)"
+    rec = _record("aws", "bwd", "basic", 2, None)
+    rec["warnings"] = ["ndarray: overlapping placement"]
+    assert sbs._status_note(rec) == ""
+    assert sbs._status_note({"status": "timeout"}) == "timeout"
+    assert sbs._status_note(None) == "not run"
