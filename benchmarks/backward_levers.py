@@ -1,6 +1,6 @@
 """Time the Triton backward/forward levers on one GPU and print one table per shape.
 
-    python benchmarks/backward_levers.py [--shapes ddetr_enc,bev_sca] [--dtypes float32,bfloat16]
+    python benchmarks/backward_levers.py [--shapes ddetr-encoder,bevformer-sca] [--dtypes float32,bfloat16]
 
 Backend functions are called directly (no autograd), timed with ``triton.testing.do_bench``
 medians (L2 flushed before each call). Backward rows:
@@ -39,8 +39,9 @@ def _timer(smoke: bool):
 
 
 def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+    from nkilib_msda.workloads import relative_l2
+
+    return relative_l2(a, b)
 
 
 SAMPLES_BACKWARD_CONFIGS = ((1, 2), (2, 4), (4, 4), (4, 8))
@@ -55,28 +56,21 @@ def _only_level(loc, problem, level):
     return out
 
 
-def run(shape_name: str, dtype_name: str, smoke: bool, bench) -> None:
+def run(name: str, dtype_name: str, smoke: bool, bench) -> None:
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, BenchShape
+    from nkilib_msda.bench_gpu import SHAPES, BenchShape, make_inputs, shape_name
     from nkilib_msda.validation import validate_msda_args
 
     if smoke:
         shape = BenchShape("smoke", 1, 40, ((9, 11), (5, 6), (3, 3)), 2, heads=2, channels=8)
         device = "cpu"
     else:
-        shape = SHAPES[shape_name]
+        shape = SHAPES[shape_name(name)]
         device = "cuda"
     dtype = getattr(torch, dtype_name)
-    gen = torch.Generator(device=device).manual_seed(0)
-    b, q, h, c = shape.batch, shape.num_queries, shape.heads, shape.channels
-    nl, npnt = len(shape.levels), shape.points
-    value = torch.randn(b, shape.pixels, h, c, device=device, generator=gen).to(dtype)
-    loc = torch.rand(b, q, h, nl, npnt, 2, device=device, generator=gen).to(dtype)
-    attn = torch.rand(b, q, h, nl, npnt, device=device, generator=gen)
-    attn = (attn / attn.sum((-1, -2), keepdim=True)).to(dtype)
-    grad = torch.randn(b, q, h * c, device=device, generator=gen).to(dtype)
+    value, loc, attn, grad = make_inputs(shape, dtype, 0, device)
     problem = validate_msda_args(value, shape.levels, None, loc, attn)
     base = tb.plan_launch(problem, dtype_name)
     print(f"\n## {shape.name} {dtype_name}\n\ndefault plan: {base}\n", flush=True)
@@ -88,7 +82,7 @@ def run(shape_name: str, dtype_name: str, smoke: bool, bench) -> None:
 
     reference = bwd(base)()[0]
     variants = [("default", base, loc)]
-    for level in range(nl):
+    for level in range(len(shape.levels)):
         variants.append((f"only level {level} ({shape.levels[level][0]}x{shape.levels[level][1]})",
                          base, _only_level(loc, problem, level)))
     for bq, warps in SAMPLES_BACKWARD_CONFIGS:
@@ -120,7 +114,7 @@ def run(shape_name: str, dtype_name: str, smoke: bool, bench) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="ddetr_enc,bev_sca")
+    parser.add_argument("--shapes", default="ddetr-encoder,bevformer-sca")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)

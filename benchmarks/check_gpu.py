@@ -18,6 +18,7 @@ import torch
 from nkilib_msda.backends import triton_backend as tb
 from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads, relative_l2
 from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.workloads import DDETR_LEVELS
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 SHAPES_SMALL = ((13, 17), (7, 9), (4, 5))
@@ -190,7 +191,7 @@ def check_int64():
 
 
 def check_encoder_bf16():
-    shapes = ((100, 167), (50, 84), (25, 42), (13, 21))
+    shapes = DDETR_LEVELS
     pixels = sum(h * w for h, w in shapes)
     value, loc, attn, _ = make_inputs(2, pixels, 8, 32, shapes, 4, torch.bfloat16, "BLNC", "BQHLP2",
                                       spread=1.0)

@@ -1,6 +1,6 @@
 """Host time per call of the Triton path on a CUDA device, stage by stage (decoder shapes).
 
-    python benchmarks/host_overhead_gpu.py [--shape ddetr_dec] [--calls 200]
+    python benchmarks/host_overhead_gpu.py [--shape ddetr-decoder] [--calls 200]
 
 Each number is the wall time per call of back-to-back calls with no synchronisation inside
 (the GPU queue absorbs the launches), i.e. what Python, torch and the Triton launches cost on
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import nkilib_msda  # noqa: E402
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
+from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name  # noqa: E402
 from nkilib_msda.pytorch.problem_cache import validated_problem  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def gpu_us(fn) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shape", default="ddetr_dec", choices=list(SHAPES))
+    parser.add_argument("--shape", default="ddetr-decoder", type=shape_name, choices=list(SHAPES))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args(argv)

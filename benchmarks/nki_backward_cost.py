@@ -21,8 +21,8 @@ os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config  # noqa: E402
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (  # noqa: E402
     ms_deformable_attention_bwd)
-from nkilib_msda.inputs import (  # noqa: E402
-    MSDACase, make_inputs, numpy_dtype)
+from nkilib_msda.workloads import (  # noqa: E402
+    PRESETS, MSDACase, make_inputs, numpy_dtype)
 from nkilib_msda.simulator import simulate  # noqa: E402
 from nkilib_msda.validation import validate_msda_args  # noqa: E402
 
@@ -42,16 +42,11 @@ CASES = [
      MSDACase(num_queries=512, num_points=4, spatial_shapes=((50, 50),)), {"max_scatter_indices_per_indirect": 256}),
     ("S4 fp32 value", MSDACase(num_queries=256, value_dtype="float32", param_dtype="float32"), {}),
 ]
-_SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
-MODEL_CASES = [  # BEVFormer-base sizes (docs/kernels.md, "Tests"); minutes in the emulator
-    ("BEVFormer-base SCA (N_q=18000, BNLC)", MSDACase(num_queries=18000, spatial_shapes=_SCA_LEVELS,
-                                                      value_layout="BNLC", locations_layout="B2QHLP"), {}),
-    ("BEVFormer-base TSA (N_q=40000, 200x200)", MSDACase(num_queries=40000, num_points=4,
-                                                         spatial_shapes=((200, 200),), locations_layout="B2QHLP"), {}),
-    ("BEVFormer-base decoder (N_q=900, 200x200)", MSDACase(num_queries=900, num_points=4,
-                                                           spatial_shapes=((200, 200),), locations_layout="B2QHLP"), {}),
-    ("BEVFormer-base decoder, scatter cap 256 (upstream K, pairs kept)",
-     MSDACase(num_queries=900, num_points=4, spatial_shapes=((200, 200),), locations_layout="B2QHLP"),
+MODEL_CASES = [  # BEVFormer-base sizes (nkilib_msda.workloads presets); minutes in the emulator
+    ("BEVFormer-base SCA (N_q=18000, BNLC)", PRESETS["bevformer-sca"], {}),
+    ("BEVFormer-base TSA (N_q=40000, 200x200)", PRESETS["bevformer-tsa"], {}),
+    ("BEVFormer-base decoder (N_q=900, 200x200)", PRESETS["bevformer-decoder"], {}),
+    ("BEVFormer-base decoder, scatter cap 256 (upstream K, pairs kept)", PRESETS["bevformer-decoder"],
      {"max_scatter_indices_per_indirect": 256}),
 ]
 
@@ -99,7 +94,7 @@ accounting (`simulate(..., report=True)`), summed over both logical cores; they 
 instructions per sampled point. "zero MB" = HBM bytes written to zero the fp32 K buffers
 (every set, batch and core), "reduce MB" = HBM bytes read by the fixed-order reduction; "share"
 = (zero + reduce) / all DMA HBM bytes (gathers, scatter read-modify-writes, loads, stores,
-zeroing and reduction). Peak SBUF is per partition (usable on trn2 ~ 207 KiB).
+zeroing and reduction). Peak SBUF is per partition (the planners' trn2 budget: 204,800 B).
 
 | case | K (bufs total) | gather desc/pt | gather instr/pt | scatter desc/pt | scatter instr/pt | scatter RMW MB | zero MB | reduce MB | all HBM MB | zero+reduce share | peak SBUF B/part | emulator s |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|

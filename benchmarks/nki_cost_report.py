@@ -19,7 +19,7 @@ import numpy as np
 
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
     forward_config_for, ms_deformable_attention)
-from nkilib_msda.inputs import S4, MSDACase, make_inputs
+from nkilib_msda.workloads import S4, MSDACase, make_inputs
 from nkilib_msda.reference import ms_deformable_attention_ref
 from nkilib_msda.simulator import simulate
 

@@ -1,7 +1,7 @@
 """One forward and one backward launch of the Triton kernels for Nsight Compute.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        -k regex:msda -c 2 python benchmarks/profile_gpu.py --shape ddetr_enc --dtype bfloat16
+        -k regex:msda -c 2 python benchmarks/profile_gpu.py --shape ddetr-encoder --dtype bfloat16
 """
 
 import argparse
@@ -13,11 +13,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs  # noqa: E402
+from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name  # noqa: E402
 from nkilib_msda.validation import validate_msda_args  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--shape", default="ddetr_enc", choices=list(SHAPES))
+parser.add_argument("--shape", default="ddetr-encoder", type=shape_name, choices=list(SHAPES))
 parser.add_argument("--dtype", default="bfloat16")
 args = parser.parse_args()
 shape = SHAPES[args.shape]

@@ -1,6 +1,6 @@
 """Which reduction instructions the backward kernels compile to on sm_90 (no GPU needed).
 
-    python benchmarks/reduction_sass.py [--dtype float32|bfloat16] [--shape ddetr_enc]
+    python benchmarks/reduction_sass.py [--dtype float32|bfloat16] [--shape ddetr-encoder]
 
 Compiles the fast-mode backward of the default launch plan (the all-samples kernel) and the
 points kernel for an H100/H200 target with the installed Triton, then counts the global
@@ -61,13 +61,13 @@ def main(argv=None) -> int:
     import triton
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES
+    from nkilib_msda.bench_gpu import SHAPES, shape_name
     from nkilib_msda.validation import MSDAProblem
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--shape", default="ddetr_enc", choices=list(SHAPES))
+    parser.add_argument("--shape", default="ddetr-encoder", type=shape_name, choices=list(SHAPES))
     args = parser.parse_args(argv)
     shape = SHAPES[args.shape]
     starts = [sum(h * w for h, w in shape.levels[:i]) for i in range(len(shape.levels))]

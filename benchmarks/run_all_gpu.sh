@@ -8,7 +8,7 @@ set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-shapes=ddetr_enc,ddetr_dec,bev_sca,bev_dec,bev_tsa,m2f
+shapes=ddetr-encoder,ddetr-decoder,bevformer-sca,bevformer-decoder,bevformer-tsa,mask2former-encoder
 start=$(date +%s)
 for i in $(seq 0 11); do
   python benchmarks/check_gpu.py --shard "$i/12" > "$out/check_$i.log" 2>&1 &

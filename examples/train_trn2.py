@@ -21,6 +21,13 @@ Several instances (EFA configured; same command on every node, node_rank 0..N-1)
 ``--compile`` wraps the model in ``torch.compile(backend="neuron", dynamic=False)``;
 ``--fsdp`` shards parameters with FSDP2 (``torch.distributed.fsdp.fully_shard``) instead of DDP.
 
+Static shapes: every batch has random image sizes (``--min-image-size`` to ``--image-size``),
+as detection training does. Neuron compiles one graph per set of shapes, so each batch is
+padded to the smallest of a few bucket sizes (``nkilib_msda.buckets``; sides multiples of
+``--bucket-step``) with Deformable-DETR's padding mask and per-level valid ratios; the run
+ends by printing how many distinct spatial-shape sets (graphs) it met, at most the number of
+buckets (docs/torch.md, "Static shapes on Trainium").
+
 Dry run on any CPU machine (no Neuron SDK): two gloo ranks, tiny sizes, the NKI kernels
 executed by the package's emulator (``--fsdp`` works there too):
 
@@ -45,6 +52,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nkilib_msda import MSDeformAttn
+from nkilib_msda import buckets as bk
 
 
 class DeformableDetectorHead(nn.Module):
@@ -66,37 +74,40 @@ class DeformableDetectorHead(nn.Module):
         self.decoder_norm = nn.LayerNorm(d_model)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, 4))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """images (B, 3, H, W) padded to a bucket, mask (B, H, W) True on padding."""
         feats, x = [], images
         for conv in self.pyramid:
             x = torch.relu(conv(x))
             feats.append(x)
-        shapes = tuple((int(f.shape[2]), int(f.shape[3])) for f in feats)  # static per image size
+        shapes = tuple((int(f.shape[2]), int(f.shape[3])) for f in feats)  # static per bucket
+        masks = bk.level_masks(mask, shapes)
+        padding = bk.flatten_level_masks(masks)  # (B, L): padded pixels are zeroed in the value
+        ratios = bk.valid_ratios(masks).to(images.dtype)  # (B, N_l, 2)
         flat = torch.cat([f.flatten(2).transpose(1, 2) + self.level_embed[i]
                           for i, f in enumerate(feats)], dim=1)
         batch = images.shape[0]
-        # Encoder: every pixel attends around itself on all levels.
-        centres = torch.cat([_pixel_centres(h, w, images.device, images.dtype) for h, w in shapes])
-        enc_ref = centres[None, :, None, :].expand(batch, -1, self.levels, -1)
-        memory = self.encoder_norm(flat + self.encoder(flat, enc_ref, flat, shapes, None))
-        # Decoder: learned queries with predicted reference points.
+        # Encoder: every pixel attends around itself on all levels (Deformable-DETR's points).
+        enc_ref = bk.encoder_reference_points(shapes, ratios).to(images.dtype)
+        memory = self.encoder_norm(flat + self.encoder(flat, enc_ref, flat, shapes, None, padding))
+        # Decoder: learned queries with predicted reference points in the valid image, scaled
+        # into each level's padded frame by the valid ratios.
         queries = self.query_embed.expand(batch, -1, -1)
-        dec_ref = self.query_reference(queries).sigmoid()[:, :, None, :].expand(-1, -1, self.levels, -1)
-        hidden = self.decoder_norm(queries + self.decoder(queries, dec_ref, memory, shapes, None))
+        dec_ref = self.query_reference(queries).sigmoid()[:, :, None, :] * ratios[:, None]
+        hidden = self.decoder_norm(queries + self.decoder(queries, dec_ref, memory, shapes, None, padding))
         return self.box_head(hidden).sigmoid()
 
 
-def _pixel_centres(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h
-    xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w
-    return torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1).reshape(-1, 2)
-
-
-def synthetic_batch(batch: int, size: int, queries: int, generator: torch.Generator
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    images = torch.randn(batch, 3, size, size, generator=generator)
+def synthetic_batch(batch: int, min_size: int, max_size: int, queries: int,
+                    buckets: tuple[tuple[int, int], ...], generator: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Images of random sizes, padded to the smallest bucket holding the batch: (images, mask,
+    boxes)."""
+    sizes = torch.randint(min_size, max_size + 1, (batch, 2), generator=generator).tolist()
+    images, mask = bk.pad_to_bucket([torch.randn(3, h, w, generator=generator) for h, w in sizes],
+                                    buckets)
     boxes = 0.2 + 0.6 * torch.rand(batch, queries, 4, generator=generator)
-    return images, boxes
+    return images, mask, boxes
 
 
 def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> list[float]:
@@ -114,12 +125,16 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     step_fn = torch.compile(wrapped, backend="neuron", dynamic=False) if args.compile else wrapped
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(args.seed + 1000 * rank)  # a different shard per rank
+    buckets = bk.bucket_grid(args.image_size, args.image_size, args.bucket_step)
+    shape_sets: set[tuple[tuple[int, int], ...]] = set()
     losses = []
     for step in range(args.steps):
         start = time.perf_counter()
-        images, boxes = synthetic_batch(args.batch_size, args.image_size, args.queries, data)
-        images, boxes = images.to(device), boxes.to(device)
-        loss = nn.functional.l1_loss(step_fn(images), boxes)
+        images, mask, boxes = synthetic_batch(args.batch_size, args.min_image_size, args.image_size,
+                                              args.queries, buckets, data)
+        shape_sets.add(_level_shapes(images.shape[2], images.shape[3], args.levels))
+        images, mask, boxes = images.to(device), mask.to(device), boxes.to(device)
+        loss = nn.functional.l1_loss(step_fn(images, mask), boxes)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -127,6 +142,12 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         if rank == 0:
             print(f"step {step}: loss {losses[-1]:.4f}  {time.perf_counter() - start:.2f} s/step "
                   f"(world size {world_size})", flush=True)
+    every_rank: list[set] = [set() for _ in range(world_size)]
+    dist.all_gather_object(every_rank, shape_sets)
+    if rank == 0:
+        seen = set().union(*every_rank)
+        print(f"distinct spatial-shape sets: {len(seen)} over {args.steps} steps x {world_size} ranks "
+              f"(at most {len(buckets)} buckets)", flush=True)
     checksum = torch.stack([_full(p).detach().double().sum() for p in model.parameters()]).sum()
     gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
     dist.all_gather(gathered, checksum)
@@ -136,6 +157,15 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         if not same:
             raise RuntimeError("data-parallel replicas diverged")
     return losses
+
+
+def _level_shapes(height: int, width: int, levels: int) -> tuple[tuple[int, int], ...]:
+    """The pyramid's (H_l, W_l): each stride-2 conv (kernel 3, padding 1) gives ceil(n / 2)."""
+    shapes = []
+    for _ in range(levels):
+        height, width = -(-height // 2), -(-width // 2)
+        shapes.append((height, width))
+    return tuple(shapes)
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
@@ -192,7 +222,10 @@ def main() -> None:
                         help="shard parameters with FSDP2 (fully_shard) instead of DDP")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="per rank")
-    parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--image-size", type=int, default=None, help="largest image side")
+    parser.add_argument("--min-image-size", type=int, default=None, help="smallest image side")
+    parser.add_argument("--bucket-step", type=int, default=None,
+                        help="bucket sides are multiples of this (a multiple of 2**levels)")
     parser.add_argument("--d-model", type=int, default=None)
     parser.add_argument("--levels", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
@@ -204,15 +237,21 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help='torch.compile(backend="neuron", dynamic=False) (Neuron only)')
     args = parser.parse_args()
-    tiny = dict(steps=3, batch_size=2, image_size=8, d_model=16, queries=8)
-    full = dict(steps=100, batch_size=4, image_size=256, d_model=256, queries=100)
+    tiny = dict(steps=3, batch_size=2, image_size=16, min_image_size=5, bucket_step=8, d_model=16,
+                queries=8)
+    full = dict(steps=100, batch_size=4, image_size=256, min_image_size=128, bucket_step=64,
+                d_model=256, queries=100)
     for key, default in (tiny if args.dry_run else full).items():
         if getattr(args, key) is None:
             setattr(args, key, default)
     if args.dry_run:
+        args.levels, args.heads, args.points = min(args.levels, 3), min(args.heads, 2), min(args.points, 2)
+    if args.bucket_step % 2 ** args.levels or not 0 < args.min_image_size <= args.image_size:
+        parser.error(f"--bucket-step must be a multiple of 2**levels = {2 ** args.levels} (got "
+                     f"{args.bucket_step}) and 0 < --min-image-size <= --image-size")
+    if args.dry_run:
         if args.compile:
             parser.error("--compile needs a Neuron device (not available in --dry-run)")
-        args.levels, args.heads, args.points = min(args.levels, 3), min(args.heads, 2), min(args.points, 2)
         dry_run(args)
     else:
         run_on_neuron(args)

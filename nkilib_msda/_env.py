@@ -1,12 +1,19 @@
-"""One parser for the package's environment variables and boolean switches.
+"""The package's environment variables: one table (name, accepted values, default, doc) and
+the one rule for words, shared by every reader.
 
-Every ``NKILIB_MSDA_*`` variable is read through :func:`env_flag` (on/off switches such as
-``NKILIB_MSDA_DETERMINISTIC`` and ``NKILIB_MSDA_SIM_STRICT``) or :func:`env_choice` (one of a
-fixed set of words, such as ``NKILIB_MSDA_NKI`` and ``NKILIB_MSDA_BACKEND``). An unset or empty
-variable means "use the default"; any other value that is not accepted raises
-:class:`EnvironmentVariableError` (a ``ValueError``) naming the variable, the accepted values and
-the value received, instead of being silently ignored. :func:`check_optional_bool` does the same
-for a public ``True``/``False``/``None`` argument such as ``deterministic=``.
+Every variable the package reads is an :class:`EnvVar` in :data:`ENV_VARS` and is read with
+:func:`read_env`; no other module touches ``os.environ``. The README's table of variables is
+generated from this one (:func:`env_table_markdown`; a test keeps them equal).
+
+The rule for the package's own words, for environment variables and the ``backend=`` /
+``target=`` arguments alike (:func:`match_word`): case does not matter
+(``NKILIB_MSDA_BACKEND=Reference`` and ``backend="NKI"`` both work) and the canonical spelling
+is returned; any other word raises. The kernel API's layout and padding arguments keep the
+exact spelling of AWS's kernels, whose API they mirror. In environment variables surrounding
+spaces are ignored and an unset or empty variable means "use the default". A value that is not
+accepted raises :class:`EnvironmentVariableError` (a ``ValueError``) naming the variable, the
+accepted values and the value received. :func:`check_optional_bool` checks a public
+``True``/``False``/``None`` argument such as ``deterministic=``.
 
 This module imports nothing from the package, so any module (the emulator included) can use it.
 """
@@ -14,10 +21,12 @@ This module imports nothing from the package, so any module (the emulator includ
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
-__all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "env_flag", "env_choice",
-           "check_optional_bool"]
+__all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
+           "read_env", "validate_environment", "env_table_markdown", "match_word", "env_flag",
+           "env_choice", "check_optional_bool"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -27,6 +36,18 @@ class EnvironmentVariableError(ValueError):
     """An environment variable holds a value the package does not accept."""
 
 
+def match_word(name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` as one of ``choices`` in the canonical spelling, ignoring case; a non-string
+    raises TypeError and an unknown word ValueError, both naming ``name``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    folded = value.casefold()
+    for choice in choices:
+        if choice.casefold() == folded:
+            return choice
+    raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+
+
 def _raw(name: str) -> str:
     return os.environ.get(name, "").strip()
 
@@ -34,7 +55,7 @@ def _raw(name: str) -> str:
 def env_flag(name: str, default: bool | None = None) -> bool | None:
     """The boolean environment variable ``name``: ``default`` when unset or empty.
 
-    Accepted (case-insensitive, surrounding spaces ignored): 1/true/yes/on and 0/false/no/off.
+    Accepted (any case, surrounding spaces ignored): 1/true/yes/on and 0/false/no/off.
     """
     raw = _raw(name)
     if not raw:
@@ -50,16 +71,101 @@ def env_flag(name: str, default: bool | None = None) -> bool | None:
 
 
 def env_choice(name: str, choices: Sequence[str], default: str = "") -> str:
-    """The environment variable ``name`` as one of ``choices`` (lower-cased); ``default`` when
-    unset or empty."""
+    """The environment variable ``name`` as one of ``choices`` (canonical spelling, any case
+    accepted); ``default`` when unset or empty."""
     raw = _raw(name)
     if not raw:
         return default
-    word = raw.lower()
-    if word not in choices:
+    try:
+        return match_word(name, raw, choices)
+    except ValueError:
         raise EnvironmentVariableError(
-            f"{name}: expected one of {list(choices)} (or unset), got {raw!r}")
-    return word
+            f"{name}: expected one of {list(choices)} (or unset), got {raw!r}") from None
+
+
+def _external_flag(name: str) -> bool:
+    """A switch owned by another project, read the way that project reads it (no errors)."""
+    return _raw(name).lower() in (*TRUE_WORDS, "y")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: how it is read, its default and what it does.
+
+    ``values`` is the README's "values" column; ``owner`` is "" for the package's own
+    variables, else the project that defines it (the package only reads those)."""
+
+    name: str
+    values: str
+    doc: str
+    read: Callable[[], Any]
+    owner: str = ""
+    legacy_for: str = ""
+
+
+def _lnc(name: str) -> int | None:
+    word = env_choice(name, ("1", "2"))
+    return int(word) if word else None
+
+
+_BACKENDS = ("auto", "reference", "nki", "triton")
+
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
+    EnvVar("NKILIB_MSDA_BACKEND", "`auto` (default), `reference`, `nki`, `triton`",
+           "backend when `backend=None` (Block AttnRes: `reference`/`nki`; other values select by "
+           "device)",
+           lambda: env_choice("NKILIB_MSDA_BACKEND", _BACKENDS, default="auto")),
+    EnvVar("NKILIB_MSDA_NKI", "`auto` (default), `emulator`",
+           "`emulator`: use the package's NKI emulator even where the Neuron `nki` is installed "
+           "(read once, at import)",
+           lambda: env_choice("NKILIB_MSDA_NKI", ("auto", "emulator"), default="auto")),
+    EnvVar("NKILIB_MSDA_SIM_STRICT", "on/off (default off)",
+           "emulator strict mode, see [docs/simulator.md](docs/simulator.md)",
+           lambda: env_flag("NKILIB_MSDA_SIM_STRICT", default=False)),
+    EnvVar("NEURON_LOGICAL_NC_CONFIG", "`1` (default), `2`",
+           "LNC degree of every NKI launch, on Neuron devices and in the emulator; set it to the "
+           "`--lnc` your graph is compiled with (neuronx-cc defaults to 2 on Trn2)",
+           lambda: _lnc("NEURON_LOGICAL_NC_CONFIG"), owner="Neuron SDK"),
+    EnvVar("NKILIB_MSDA_SIM_LNC", "`1`, `2`",
+           "legacy, emulator only: read when `NEURON_LOGICAL_NC_CONFIG` is unset",
+           lambda: _lnc("NKILIB_MSDA_SIM_LNC"), legacy_for="NEURON_LOGICAL_NC_CONFIG"),
+    EnvVar("NEURON_PLATFORM_TARGET_OVERRIDE", "`trn2` (default), `trn3`",
+           "chip the emulator models (SBUF size, Trn3-only instructions)",
+           lambda: env_choice("NEURON_PLATFORM_TARGET_OVERRIDE", ("trn2", "trn3"),
+                              default="trn2"), owner="Neuron SDK"),
+    EnvVar("NKILIB_MSDA_DETERMINISTIC",
+           "on/off; unset: follows `torch.use_deterministic_algorithms`",
+           "Triton backward: bitwise-reproducible grad_value when the call passes no "
+           "`deterministic=`",
+           lambda: env_flag("NKILIB_MSDA_DETERMINISTIC")),
+    EnvVar("NKILIB_MSDA_TRITON_FAST_LAUNCH", "on/off (default on)",
+           "Triton backend: launch compiled kernels directly, skipping Triton's Python launcher "
+           "(off under `TRITON_INTERPRET`); read once, at import",
+           lambda: env_flag("NKILIB_MSDA_TRITON_FAST_LAUNCH", default=True)),
+    EnvVar("TRITON_INTERPRET", "`1` to enable",
+           "Triton's CPU interpreter: the triton backend runs on CPU tensors (tests only)",
+           lambda: _external_flag("TRITON_INTERPRET"), owner="Triton"),
+)}
+
+
+def read_env(name: str) -> Any:
+    """The parsed value of the environment variable ``name`` (one of :data:`ENV_VARS`)."""
+    return ENV_VARS[name].read()
+
+
+def validate_environment() -> None:
+    """Read every variable of the table: the first bad value raises EnvironmentVariableError
+    (variables are otherwise read only where they matter, e.g. NKILIB_MSDA_DETERMINISTIC by
+    the Triton backend)."""
+    for var in ENV_VARS.values():
+        var.read()
+
+
+def env_table_markdown() -> str:
+    """The README's table of environment variables."""
+    rows = ["| environment variable | values | effect |", "|---|---|---|"]
+    rows += [f"| `{v.name}` | {v.values} | {v.doc} |" for v in ENV_VARS.values()]
+    return "\n".join(rows)
 
 
 def check_optional_bool(name: str, value: Any) -> bool | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
-from nkilib_msda._env import env_choice
+from nkilib_msda._env import read_env
 
 __all__ = ["nki", "nl", "nisa", "USING_REAL_NKI", "backend_name", "MIN_NKI_VERSION",
            "require_supported_nki"]
@@ -68,7 +68,7 @@ def _load_real_nki() -> tuple[ModuleType, ModuleType, ModuleType] | None:
     return real_nki, real_language, real_isa
 
 
-_real = None if env_choice("NKILIB_MSDA_NKI", ("auto", "emulator")) == "emulator" else _load_real_nki()
+_real = None if read_env("NKILIB_MSDA_NKI") == "emulator" else _load_real_nki()
 
 if _real is not None:
     nki, nl, nisa = _real

@@ -23,11 +23,11 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-DDETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
-SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
+from nkilib_msda.workloads import PRESET_ALIASES, PRESETS, MSDACase, make_torch_inputs
+from nkilib_msda.workloads import relative_l2 as _relative_l2
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,29 @@ class BenchShape:
     def num_queries(self) -> int:
         return self.pixels if self.queries is None else self.queries
 
+    @property
+    def case(self) -> MSDACase:
+        """The workload (BLNC value, BQHLP2 locations, the benchmark's layouts)."""
+        return MSDACase(batch=self.batch, num_queries=self.num_queries, num_heads=self.heads,
+                        head_dim=self.channels, num_points=self.points,
+                        spatial_shapes=tuple(self.levels), name=self.name)
 
-SHAPES = {s.name: s for s in (
-    BenchShape("ddetr_enc", 2, None, DDETR_LEVELS, 4),
-    BenchShape("ddetr_dec", 2, 300, DDETR_LEVELS, 4, decoder=True),
-    BenchShape("bev_sca", 1, 18000, SCA_LEVELS, 8),
-    BenchShape("bev_tsa", 1, 40000, ((200, 200),), 4),
-    BenchShape("bev_dec", 1, 900, ((200, 200),), 4, decoder=True),
-    BenchShape("m2f", 2, None, ((128, 128), (64, 64), (32, 32)), 4),
-)}
+
+def _bench_shape(name: str) -> BenchShape:
+    c = PRESETS[name]
+    return BenchShape(name, c.batch, c.num_queries, c.spatial_shapes, c.num_points, c.num_heads,
+                      c.head_dim, decoder=c.is_decoder)
+
+
+# The benchmark's shapes are workloads (nkilib_msda.workloads), named as there; the older names
+# (ddetr_enc, bev_tsa, ...) are accepted on the command line and in logs.
+SHAPES = {n: _bench_shape(n) for n in ("ddetr-encoder", "ddetr-decoder", "bevformer-sca",
+                                       "bevformer-tsa", "bevformer-decoder", "mask2former-encoder")}
+
+
+def shape_name(name: str) -> str:
+    """The benchmark shape called ``name`` or one of its older names (unknown names unchanged)."""
+    return PRESET_ALIASES.get(name, name)
 DTYPES = ("float32", "bfloat16")
 MODES = ("fwd", "fwd+bwd")
 
@@ -85,18 +99,13 @@ class Row:
         return self.us / self.floor_us
 
 
-def make_inputs(shape: BenchShape, dtype, seed: int = 0):
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    b, q, h, c = shape.batch, shape.num_queries, shape.heads, shape.channels
-    nl, npnt = len(shape.levels), shape.points
-    value = torch.randn(b, shape.pixels, h, c, device="cuda", generator=gen).to(dtype)
-    loc = torch.rand(b, q, h, nl, npnt, 2, device="cuda", generator=gen).to(dtype)
-    attn = torch.rand(b, q, h, nl, npnt, device="cuda", generator=gen)
-    attn = (attn / attn.sum((-1, -2), keepdim=True)).to(dtype)
-    grad = torch.randn(b, q, h * c, device="cuda", generator=gen).to(dtype)
-    return value, loc, attn, grad
+def make_inputs(shape: BenchShape, dtype, seed: int = 0, device: str = "cuda"):
+    """(value, locations, weights, grad_output) of the workload on ``device``, all in ``dtype``
+    (nkilib_msda.workloads.make_torch_inputs)."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    made = make_torch_inputs(replace(shape.case, value_dtype=name, param_dtype=name), seed, device)
+    return (made["value"], made["sampling_locations"], made["attention_weights"],
+            made["grad_output"])
 
 
 def measure_copy_bandwidth() -> float:
@@ -210,7 +219,7 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
     """impl -> {mode: relative L2 error} against float64 grid_sample (+ autograd)."""
     import torch
 
-    from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads, relative_l2
+    from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads
 
     value, loc, attn, grad = inputs
     ref = msda_grid_sample_with_grads(value.double(), shape.levels, loc.double(), attn.double(),
@@ -222,10 +231,10 @@ def errors_against_float64(shape: BenchShape, inputs, found) -> dict:
             result = fn()
             if mode == "fwd":
                 out = result[0] if isinstance(result, (tuple, list)) else result
-                errs[name][mode] = relative_l2(out, ref[0])
+                errs[name][mode] = _relative_l2(out, ref[0])
             else:
                 grads = list(result)  # (grad_value, grad_loc, grad_attn) for every impl
-                errs[name][mode] = tuple(relative_l2(g, r) for g, r in zip(grads, ref[1:]))
+                errs[name][mode] = tuple(_relative_l2(g, r) for g, r in zip(grads, ref[1:]))
     del ref
     torch.cuda.empty_cache()
     return errs
@@ -324,11 +333,11 @@ def format_row(r: Row) -> str:
 # (shape, dtype): (best public peer fwd, fwd+bwd µs, target fwd, target fwd+bwd), from the
 # side-by-side H200 measurements quoted in benchmarks/RESULTS.md.
 TARGETS = {
-    ("ddetr_dec", "float32"): (22.1, 64.5, 20.0, 55.0),
-    ("ddetr_dec", "bfloat16"): (34.4, 94.0, 20.0, 55.0),
-    ("ddetr_enc", "bfloat16"): (223.0, 1313.0, 110.0, 650.0),
-    ("ddetr_enc", "float32"): (246.0, 1329.0, 120.0, 650.0),
-    ("bev_sca", "float32"): (201.0, 1065.0, 100.0, 530.0),
+    ("ddetr-decoder", "float32"): (22.1, 64.5, 20.0, 55.0),
+    ("ddetr-decoder", "bfloat16"): (34.4, 94.0, 20.0, 55.0),
+    ("ddetr-encoder", "bfloat16"): (223.0, 1313.0, 110.0, 650.0),
+    ("ddetr-encoder", "float32"): (246.0, 1329.0, 120.0, 650.0),
+    ("bevformer-sca", "float32"): (201.0, 1065.0, 100.0, 530.0),
 }
 
 
@@ -417,8 +426,9 @@ def rows_from_log(text: str) -> list[Row]:
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 10 or cells[0] not in SHAPES:
+        if len(cells) != 10 or shape_name(cells[0]) not in SHAPES:
             continue
+        cells[0] = shape_name(cells[0])
         shape, impl, dtype, mode, method, us, host, _tbs, over, err = cells
         shape_bytes = float(_tbs) * 1e12 * float(us) * 1e-6
         floor_us = float(us) / float(over.rstrip("×"))
@@ -509,7 +519,8 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, only=""
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="bench_gpu", description="MSDA GPU benchmark (markdown table + PNG)")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {list(SHAPES)}")
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help=f"comma list from {list(SHAPES)} (older names {sorted(PRESET_ALIASES)} too)")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma list: float32,bfloat16,float16")
     p.add_argument("--modes", default=",".join(MODES), help="comma list: fwd,fwd+bwd")
     p.add_argument("--impls", default="triton,ref,cuda,api",
@@ -551,7 +562,7 @@ def main(argv=None) -> int:
         print("bench: needs a CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-    shapes, dtypes = split(args.shapes), split(args.dtypes)
+    shapes, dtypes = [shape_name(s) for s in split(args.shapes)], split(args.dtypes)
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         print(f"bench: unknown shapes {unknown}; expected some of {list(SHAPES)}", file=sys.stderr)

@@ -3,48 +3,15 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESETS, make_grad_output, make_inputs
 from nkilib_msda.validation import dtype_name
+from nkilib_msda.workloads import (PRESET_DESCRIPTIONS, PRESETS, Comparison, compare,
+                                   make_grad_output, make_inputs, resolve_preset, tolerance)
 
-# Tolerances of the kernel issues: max|err| / max|ref| and relative L2.
-FORWARD_TOLERANCE = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-5}
-BACKWARD_TOLERANCE = {"bfloat16": 2.5e-2, "float16": 2.5e-2, "float32": 1e-4}
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Error of one kernel output against the reference."""
-
-    name: str
-    max_rel: float  # max|out - ref| / max|ref|
-    rel_l2: float  # ||out - ref|| / ||ref||
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.max_rel <= self.tolerance and self.rel_l2 <= self.tolerance)
-
-    def row(self) -> str:
-        status = "ok" if self.ok else "FAIL"
-        return f"| {self.name} | {self.max_rel:.3e} | {self.rel_l2:.3e} | {self.tolerance:.1e} | {status} |"
-
-
-def compare(name: str, out: np.ndarray, ref: np.ndarray, tolerance: float) -> Comparison:
-    """Errors of ``out`` against ``ref`` in float64 (NaN in ``out`` counts as a failure)."""
-    out64 = np.asarray(out, dtype=np.float64)
-    ref64 = np.asarray(ref, dtype=np.float64)
-    if out64.shape != ref64.shape:
-        raise ValueError(f"{name}: kernel output shape {out64.shape} != reference shape {ref64.shape}")
-    diff = np.abs(out64 - ref64)
-    scale = max(float(np.max(np.abs(ref64), initial=0.0)), 1e-30)
-    norm = max(float(np.linalg.norm(ref64)), 1e-30)
-    max_rel = float(np.max(diff, initial=0.0)) / scale if np.all(np.isfinite(out64)) else float("inf")
-    rel_l2 = float(np.linalg.norm(diff)) / norm if np.all(np.isfinite(out64)) else float("inf")
-    return Comparison(name, max_rel, rel_l2, tolerance)
+__all__ = ["run_check", "run_forward", "run_backward", "compare", "Comparison"]
 
 
 def run_forward(args: dict, lnc: int = 1, **kernel_kwargs):
@@ -76,8 +43,7 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
     """Run forward (and backward) kernels in the simulator on a preset; print errors and costs."""
     from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 
-    if preset not in PRESETS:
-        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    preset = resolve_preset(preset)
     if lnc not in (1, 2) or isinstance(lnc, bool):
         raise ValueError(f"lnc: expected 1 or 2, got {lnc!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -99,7 +65,7 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
 
     out, fwd_report, fwd_s = run_forward(args, lnc=lnc, **kernel_kwargs)
     ref = ms_deformable_attention_ref(**args)
-    rows = [compare("forward output", out, ref, FORWARD_TOLERANCE[vdt])]
+    rows = [compare("forward output", out, ref, tolerance("output", vdt))]
     timings = [f"forward simulated in {fwd_s:.1f} s"]
     reports = [("forward", fwd_report)]
 
@@ -107,9 +73,8 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
         grad_output = make_grad_output(case, seed=seed)
         grads, bwd_report, bwd_s = run_backward(grad_output, args, lnc=lnc, **kernel_kwargs)
         refs = ms_deformable_attention_bwd_ref(grad_output, **args)
-        tol = BACKWARD_TOLERANCE[vdt]
         for name, g, r in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"), grads, refs):
-            rows.append(compare(name, g, r, tol))
+            rows.append(compare(name, g, r, tolerance(name, vdt)))
         timings.append(f"backward simulated in {bwd_s:.1f} s")
         reports.append(("backward", bwd_report))
 
@@ -120,10 +85,13 @@ def run_check(preset: str = "default", dtype: str = "bfloat16", param_dtype: str
         echo(row.row())
     echo("")
     echo("; ".join(timings) + " (emulator wall time, not a hardware timing)")
+    for name, report in reports:
+        if report.timing is not None:  # the timing model (docs/timing.md)
+            echo(f"{name} kernel: {report.timing.summary()}")
     if show_report:
         for name, report in reports:
             echo("")
-            echo(f"== {name} kernel cost report (counts, not a timing) ==")
+            echo(f"== {name} kernel cost report ==")
             echo(str(report))
     ok = all(r.ok for r in rows)
     echo("")

@@ -1,4 +1,4 @@
-"""Command line: ``nkilib-msda check | bench | info`` (also ``python -m nkilib_msda``)."""
+"""Command line: ``nkilib-msda check | profile | bench | info`` (also ``python -m nkilib_msda``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import NoReturn, Sequence
 
-from nkilib_msda._env import EnvironmentVariableError
+from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
 
 
@@ -72,6 +72,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from nkilib_msda.profile import run_profile
+
+    run_profile(preset=args.preset, kernel=args.kernel, lnc=args.lnc, target=args.target,
+                out=args.out, seed=args.seed)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from nkilib_msda.bench_gpu import main as bench_main
 
@@ -79,7 +87,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nkilib_msda.inputs import PRESETS
+    from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
 
     parser = _Parser(prog="nkilib-msda", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
@@ -96,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(forward + backward on one laptop core).",
         epilog=_preset_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
+                       type=lambda name: PRESET_ALIASES.get(name, name),
                        help="shape preset, see the list below (default: %(default)s)")
     check.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                        help="value dtype (default: %(default)s)")
@@ -105,13 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--locations-layout", choices=["BQHLP2", "B2QHLP"], help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
     check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
-    check.add_argument("--lnc", type=int, default=1, choices=[1, 2], help="logical NeuronCores (default 1)")
+    check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
+                       choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
+                                            "else 1; now %(default)s)")
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
     check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
     check.add_argument("--seed", type=_non_negative_int, default=0,
                        help="random seed of the inputs, >= 0 (default: %(default)s)")
     check.set_defaults(func=cmd_check)
+
+    profile = sub.add_parser(
+        "profile", help="modelled Trainium timeline of one kernel (Chrome trace + PNG)",
+        description="Run one NKI kernel in the emulator and write the timing model's Chrome "
+                    "trace and a PNG timeline (docs/timing.md).")
+    profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET")
+    profile.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
+    profile.add_argument("--lnc", type=int, default=1, choices=[1, 2])
+    profile.add_argument("--target", default=None, choices=["trn2", "trn3"],
+                         help="default: trn2 (or NEURON_PLATFORM_TARGET_OVERRIDE)")
+    profile.add_argument("--out", default="profile", help="output directory (default: %(default)s)")
+    profile.add_argument("--seed", type=_non_negative_int, default=0)
+    profile.set_defaults(func=cmd_profile)
 
     # `bench` is dispatched in main() before parsing; listed here for --help.
     sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op); "
@@ -120,11 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _preset_table() -> str:
-    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+    from nkilib_msda.workloads import (PRESET_ALIASES, PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME,
+                                       PRESETS)
 
     lines = ["presets (emulator time for forward + backward, roughly):"]
     for name in sorted(PRESETS):
-        lines.append(f"  {name:<18} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+        lines.append(f"  {name:<19} {PRESET_EMULATOR_TIME[name]:>9}  {PRESET_DESCRIPTIONS[name]}")
+    lines.append("older names still accepted: " + ", ".join(
+        f"{old} = {new}" for old, new in sorted(PRESET_ALIASES.items())))
     return "\n".join(lines)
 
 
@@ -132,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; bad input (arguments, environment variables) exits 2 with one line on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        validate_environment()
         if argv[:1] == ["bench"]:  # everything after `bench` belongs to the benchmark's own parser
             return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
         args = build_parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """Shared MSDA simulator-test cases and checks (forward and backward kernels).
 
-Inputs follow the upstream test matrix (docs/kernels.md, "Tests"; see ``nkilib_msda.inputs``):
+Inputs follow the upstream test matrix (docs/kernels.md, "Tests"; see ``nkilib_msda.workloads``):
 value ~ N(0,1) in the value dtype, locations ~ U[0,1), weights ~ U[0.1,1) normalised over
 (N_l, N_p), fp16 by default. References always run on the same rounded arrays.
 """
@@ -11,10 +11,9 @@ import dataclasses
 
 import numpy as np
 
-from nkilib_msda.check import compare
-
-from nkilib_msda.inputs import (  # noqa: F401
-    PRESETS, S4, MSDACase, make_inputs, numpy_dtype)
+from nkilib_msda.workloads import (  # noqa: F401
+    PRESETS, S4, MSDACase, compare, make_inputs, numpy_dtype)
+from nkilib_msda.workloads import tolerance as _tolerance
 
 __all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",
            "BEVFORMER_SLOW", "tolerance", "assert_close", "case"]
@@ -60,8 +59,9 @@ BEVFORMER_SLOW = (
 
 
 def tolerance(value_dtype: str) -> float:
-    """Relative tolerance of the acceptance checks: 1e-2 for 2-byte values, 1e-5 for fp32."""
-    return 1e-5 if value_dtype == "float32" else 1e-2
+    """The forward output's tolerance (nkilib_msda.workloads.TOLERANCES): 1e-2 for 2-byte
+    values, 1e-5 for fp32."""
+    return _tolerance("output", value_dtype)
 
 
 def assert_close(out: np.ndarray, ref: np.ndarray, value_dtype: str, what: str = "output") -> None:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from msda_cases import BASIC_CASES, BEVFORMER_FAST, BEVFORMER_SLOW, MSDACase, make_inputs, numpy_dtype, with_
-from nkilib_msda.inputs import make_grad_output
+from nkilib_msda.workloads import make_grad_output, max_relative_error
+from nkilib_msda.workloads import tolerance as _tolerance
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import ms_deformable_attention_bwd
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from nkilib_msda.simulator import simulate
@@ -21,15 +22,13 @@ PAIR_LEVELS = ((6, 5), (3, 4), (2, 2), (1, 7))    # every W >= 2 (x-pairs enable
 
 
 def tolerances(value_dtype: str) -> dict[str, float]:
-    if value_dtype == "float32":
-        return dict.fromkeys(GRAD_NAMES, 1e-4)
-    return {"grad_value": 1e-2, "grad_sampling_locations": 2.5e-2, "grad_attention_weights": 2.5e-2}
+    """Per-gradient tolerances from nkilib_msda.workloads.TOLERANCES."""
+    return {name: _tolerance(name, value_dtype) for name in GRAD_NAMES}
 
 
 def relative_error(got, ref) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    return float(np.max(np.abs(got - ref))) / max(scale, 1e-30)
+    """max|got - ref| / max|ref| (nkilib_msda.workloads; non-finite counts as inf)."""
+    return max_relative_error(got, ref)
 
 
 def backward_inputs(c: MSDACase, seed: int = 0) -> tuple[np.ndarray, dict]:

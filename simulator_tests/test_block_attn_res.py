@@ -20,6 +20,7 @@ from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_att
 from nkilib_msda.experimental.block_attn_res.tiling import plan_backward, plan_forward
 from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
 from nkilib_msda.simulator import simulate as _simulate
+from nkilib_msda.workloads import max_relative_error, relative_l2
 
 
 def simulate(kernel, **kwargs):
@@ -33,13 +34,11 @@ CACHE_RTOL = 1e-5
 
 
 def max_rel(actual, expected) -> float:
-    actual = np.asarray(actual, dtype=np.float64)
-    return float(np.abs(actual - expected).max() / np.abs(expected).max())
+    return max_relative_error(actual, expected)
 
 
 def rel_l2(actual, expected) -> float:
-    actual = np.asarray(actual, dtype=np.float64)
-    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+    return relative_l2(actual, expected)
 
 
 def make_problem(seed, n_blocks, partial, batch, seq, dim, dtype, spread=4.0, unit_gamma=False):

@@ -22,7 +22,7 @@ from nkilib_msda.experimental.deformable_attention.ms_deformable_attention impor
     ms_deformable_attention)
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (
     ms_deformable_attention_bwd)
-from nkilib_msda.inputs import make_grad_output
+from nkilib_msda.workloads import make_grad_output
 from nkilib_msda.simulator import simulate
 from nkilib_msda.simulator.isa import dma as sim_dma
 from nkilib_msda.simulator.tensor import NkiTensor

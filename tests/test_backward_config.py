@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nkilib_msda.experimental.deformable_attention.backward_config import (
-    FP32_EXACT_INT_MAX, PARTITIONS, TRN2_USABLE_SBUF_BYTES, buffer_index, make_backward_config)
+    FP32_EXACT_INT_MAX, PARTITIONS, TRN2_SBUF_BUDGET, buffer_index, make_backward_config)
 from nkilib_msda.validation import MSDAProblem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
@@ -132,7 +132,7 @@ def test_super_tiles_cover_queries_once():
 def test_sbuf_plan_fits_and_shrinks():
     for c_h, n_p, dt in [(32, 8, "bfloat16"), (256, 8, "float32"), (160, 8, "bfloat16"), (8, 1, "float16")]:
         cfg = make_backward_config(problem(c_h=c_h, n_p=n_p), dt)
-        assert cfg.sbuf_bytes_per_partition <= TRN2_USABLE_SBUF_BYTES - 4096
+        assert cfg.sbuf_bytes_per_partition <= TRN2_SBUF_BUDGET == cfg.sbuf_budget
     small = make_backward_config(problem(c_h=256, n_p=8), "float32")
     large = make_backward_config(problem(c_h=8, n_p=1), "bfloat16")
     assert small.blocks_per_tile <= large.blocks_per_tile

@@ -30,7 +30,21 @@ def test_check_runs_kernels_on_tiny_preset(capsys, lnc):
     rc = main(["check", "--preset", "tiny", "--lnc", str(lnc), "--value-layout", "BNLC"])
     out = capsys.readouterr().out
     assert "forward output" in out and "grad_value" in out and "cost report" in out
+    assert "forward kernel: modelled time" in out and "backward kernel: modelled time" in out
     assert rc == 0, out
+
+
+def test_profile_writes_trace_and_png(tmp_path, capsys):
+    import json
+
+    rc = main(["profile", "--preset", "tiny", "--kernel", "bwd", "--lnc", "2", "--target", "trn3",
+               "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "modelled time" in out and "critical path" in out
+    trace = json.loads((tmp_path / "tiny_bwd_lnc2_trn3.trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
+    assert trace["otherData"]["target"] == "trn3"
+    assert (tmp_path / "tiny_bwd_lnc2_trn3.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_python_dash_m_entry_point():
@@ -69,7 +83,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, env, needle):
 
 
 def test_check_help_describes_every_preset_with_a_time():
-    from nkilib_msda.inputs import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
+    from nkilib_msda.workloads import PRESET_DESCRIPTIONS, PRESET_EMULATOR_TIME, PRESETS
 
     assert set(PRESET_DESCRIPTIONS) == set(PRESET_EMULATOR_TIME) == set(PRESETS)
     proc = _cli("check", "--help")

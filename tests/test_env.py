@@ -4,13 +4,17 @@ with an error naming the variable, the accepted values and the value received.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from nkilib_msda._env import (EnvironmentVariableError, check_optional_bool, env_choice,
-                              env_flag)
+import nkilib_msda._env as _env_mod
+from nkilib_msda._env import (ENV_VARS, EnvironmentVariableError, check_optional_bool, env_choice,
+                              env_flag, env_table_markdown, match_word, read_env,
+                              validate_environment)
 
 VAR = "NKILIB_MSDA_TEST_FLAG"
 
@@ -137,3 +141,155 @@ def test_deterministic_variable_is_parsed(monkeypatch):
     monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "sure")
     with pytest.raises(ValueError, match="^NKILIB_MSDA_DETERMINISTIC: expected .*got 'sure'"):
         triton_backend._resolve_deterministic(None)
+
+
+# ---------------------------------------------------------------- the one table
+
+
+_PKG = Path(__file__).resolve().parents[1] / "nkilib_msda"
+_ROOT = _PKG.parent
+_VAR = re.compile(r"\b(NKILIB_MSDA_[A-Z0-9_]*[A-Z0-9]|NEURON_[A-Z0-9_]*[A-Z0-9]|TRITON_[A-Z_]*[A-Z])\b")
+_NOT_VARIABLES = {"NEURON_DEVICE_TYPES", "NEURON_CORES"}  # Python names, not variables
+_DOCS = [_ROOT / "README.md", *sorted((_ROOT / "docs").glob("*.md")), _ROOT / "examples" / "README.md"]
+
+
+def test_no_module_reads_the_environment_directly():
+    offenders = [f"{p.relative_to(_ROOT)}:{i}" for p in sorted(_PKG.rglob("*.py")) if p.name != "_env.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if re.search(r"os\.environ|getenv\(", line)]
+    assert not offenders, f"read environment variables through nkilib_msda._env.read_env: {offenders}"
+
+
+def test_every_variable_the_package_names_is_in_the_table():
+    named = {m for p in _PKG.rglob("*.py") for m in _VAR.findall(p.read_text())} - _NOT_VARIABLES
+    assert named <= set(ENV_VARS), sorted(named - set(ENV_VARS))
+
+
+def test_docs_name_only_variables_of_the_table():
+    named = {m for p in _DOCS for m in _VAR.findall(p.read_text())} - _NOT_VARIABLES
+    assert named <= set(ENV_VARS), sorted(named - set(ENV_VARS))
+
+
+def test_readme_table_is_generated_from_the_table():
+    readme = (_ROOT / "README.md").read_text()
+    block = re.search(r"<!-- env-table:[^\n]*-->\n(.*?)\n<!-- env-table end -->", readme, re.S)
+    assert block, "README.md: the generated environment-variable table is missing"
+    assert block.group(1) == env_table_markdown(), \
+        "README.md's table differs from nkilib_msda._env.ENV_VARS: paste env_table_markdown()"
+    for name in ENV_VARS:
+        assert f"`{name}`" in block.group(1)
+
+
+def test_backend_choices_are_the_registered_backends():
+    pytest.importorskip("torch")
+    from nkilib_msda.backends import BACKEND_NAMES
+
+    assert set(_env_mod._BACKENDS) == {"auto", *BACKEND_NAMES}
+
+
+@pytest.mark.parametrize("name,raw", [
+    ("NKILIB_MSDA_DETERMINISTIC", "2"), ("NKILIB_MSDA_SIM_STRICT", "maybe"),
+    ("NKILIB_MSDA_TRITON_FAST_LAUNCH", "fast"), ("NEURON_LOGICAL_NC_CONFIG", "3"),
+    ("NEURON_LOGICAL_NC_CONFIG", "abc"), ("NKILIB_MSDA_SIM_LNC", "4"),
+    ("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1"), ("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2"),
+    ("NKILIB_MSDA_BACKEND", "cuda"), ("NKILIB_MSDA_NKI", "real")])
+def test_every_bad_value_is_one_error_type_naming_the_variable(monkeypatch, name, raw):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(EnvironmentVariableError, match=rf"^{name}: expected .*got {raw!r}"):
+        read_env(name)
+    with pytest.raises(EnvironmentVariableError, match=rf"^{name}: "):
+        validate_environment()
+
+
+def test_defaults_and_case(monkeypatch):
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert {n: read_env(n) for n in ENV_VARS} == {
+        "NKILIB_MSDA_BACKEND": "auto", "NKILIB_MSDA_NKI": "auto", "NKILIB_MSDA_SIM_STRICT": False,
+        "NEURON_LOGICAL_NC_CONFIG": None, "NKILIB_MSDA_SIM_LNC": None,
+        "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
+        "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False}
+    monkeypatch.setenv("NKILIB_MSDA_BACKEND", " Reference ")
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    assert read_env("NKILIB_MSDA_BACKEND") == "reference"
+    assert read_env("NEURON_PLATFORM_TARGET_OVERRIDE") == "trn3"
+    assert read_env("NEURON_LOGICAL_NC_CONFIG") == 2
+
+
+def test_match_word_is_the_rule_for_arguments():
+    assert match_word("backend", "NKI", ("auto", "nki")) == "nki"
+    with pytest.raises(ValueError, match=r"^backend: expected one of \['auto', 'nki'\], got 'nkk'"):
+        match_word("backend", "nkk", ("auto", "nki"))
+    with pytest.raises(TypeError, match="^backend: "):
+        match_word("backend", 3, ("auto", "nki"))
+
+
+def test_backend_argument_and_variable_follow_the_same_case_rule(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from nkilib_msda.pytorch import dispatch
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("NKILIB_MSDA_BACKEND", raising=False)
+    assert dispatch.requested_backend("NKI", cpu) == dispatch.BackendChoice("nki", "argument")
+    assert dispatch.requested_backend("Auto", cpu).source == "device"
+    monkeypatch.setenv("NKILIB_MSDA_BACKEND", "Reference")
+    assert dispatch.requested_backend(None, cpu) == dispatch.BackendChoice("reference", dispatch.ENV_VAR)
+    with pytest.raises(ValueError, match="^backend: expected None or one of"):
+        dispatch.requested_backend("nkki", cpu)
+
+
+def test_emulator_variable_errors_are_both_nki_errors_and_environment_errors(monkeypatch):
+    import numpy as np
+
+    from nkilib_msda.simulator import NkiError, jit, simulate
+    from nkilib_msda.simulator import language as nl
+    from nkilib_msda.simulator.targets import get_target
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises(EnvironmentVariableError, match="NEURON_PLATFORM_TARGET_OVERRIDE.*'trn1'") as info:
+        get_target()
+    assert isinstance(info.value, NkiError) and info.value.rule == "unsupported target"
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE")
+
+    @jit
+    def noop(x):
+        return nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "abc")
+    with pytest.raises(EnvironmentVariableError, match="^nki.jit: LNC degree: NEURON_LOGICAL_NC_CONFIG") as info:
+        simulate(noop)(np.zeros((1, 1), np.float32))
+    assert isinstance(info.value, NkiError)
+
+
+def test_torch_layer_lnc_errors_are_environment_errors(monkeypatch):
+    pytest.importorskip("torch")
+    from nkilib_msda.backends import nki_backend
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
+    with pytest.raises(EnvironmentVariableError, match="^NEURON_LOGICAL_NC_CONFIG: .*got '3'"):
+        nki_backend.lnc_degree()
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
+    monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", "2")
+    assert nki_backend.lnc_degree() == 2
+
+
+@pytest.mark.parametrize("name,raw", [("NEURON_LOGICAL_NC_CONFIG", "3"),
+                                      ("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9"),
+                                      ("NKILIB_MSDA_DETERMINISTIC", "2")])
+def test_cli_rejects_a_bad_variable_with_one_line_and_exit_2(name, raw):
+    proc = subprocess.run([sys.executable, "-m", "nkilib_msda", "check", "--preset", "tiny"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.getcwd(), name: raw})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"nkilib-msda: error: {name}: ")
+
+
+def test_cli_lnc_follows_the_variable(monkeypatch):
+    from nkilib_msda.cli import build_parser
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    assert build_parser().parse_args(["check"]).lnc == 2
+    assert build_parser().parse_args(["check", "--lnc", "1"]).lnc == 1
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
+    assert build_parser().parse_args(["check"]).lnc == 1

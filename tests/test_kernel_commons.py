@@ -7,6 +7,7 @@ import types
 import pytest
 
 import nkilib_msda._nki as nki_mod
+from nkilib_msda import hardware
 from nkilib_msda.experimental import kernel_commons as kc
 from nkilib_msda.experimental.block_attn_res import tiling
 from nkilib_msda.experimental.deformable_attention import backward_config, forward_config
@@ -17,8 +18,10 @@ def test_planners_share_the_facts():
     assert forward_config.FP32_EXACT_INT_MAX == backward_config.FP32_EXACT_INT_MAX == 2 ** 24
     assert forward_config.PSUM_BANK_BYTES == backward_config.PSUM_BANK_BYTES == 2048
     assert tiling.PSUM_BANK_FP32 == kc.PSUM_BANK_FP32 == 512
-    assert tiling.SBUF_USABLE_BYTES is kc.SBUF_USABLE_BYTES
-    assert backward_config.TRN2_USABLE_SBUF_BYTES == kc.SBUF_USABLE_BYTES["trn2"]
+    assert tiling.PLANNER_SBUF_BUDGET is kc.PLANNER_SBUF_BUDGET is hardware.PLANNER_SBUF_BUDGET
+    assert backward_config.TRN2_SBUF_BUDGET == forward_config.TRN2_SBUF_BUDGET \
+        == hardware.PLANNER_SBUF_BUDGET["trn2"] == 204_800
+    assert kc.DTYPE_BYTES is hardware.DTYPE_BYTES
     for table in (forward_config.DTYPE_BYTES, tiling.DTYPE_BYTES, backward_config._DTYPE_BYTES):
         assert all(kc.DTYPE_BYTES[k] == v for k, v in table.items())
 
@@ -81,3 +84,11 @@ def test_usable_sbuf_bytes_prefers_sbuf_fmax_bytes(monkeypatch):
     old = types.SimpleNamespace(tile_size=types.SimpleNamespace(total_available_sbuf_size=99))
     monkeypatch.setattr(nki_mod, "nl", old)
     assert kc.usable_sbuf_bytes() == 99
+
+
+def test_kernel_budget_is_the_running_targets_usable_sbuf_minus_the_one_reserve(monkeypatch):
+    usable = 212_992
+    monkeypatch.setattr(nki_mod, "nl", types.SimpleNamespace(
+        tile_size=types.SimpleNamespace(sbuf_fmax_bytes=usable)))
+    assert kc.kernel_sbuf_budget() == usable - hardware.PLANNER_SBUF_RESERVE_BYTES \
+        == hardware.PLANNER_SBUF_BUDGET["trn2"]

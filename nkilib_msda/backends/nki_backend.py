@@ -25,13 +25,13 @@ dtypes).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
 import torch
 
+from nkilib_msda._env import read_env
 from nkilib_msda.validation import MSDAProblem, dtype_name
 
 __all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
@@ -155,24 +155,11 @@ def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a.copy()).to(device)
 
 
-def _lnc_from(var: str, raw: str) -> int:
-    raw = raw.strip()
-    if raw not in ("1", "2"):
-        raise ValueError(f"{var}: expected 1 or 2 (logical NeuronCores per kernel), got {raw!r}")
-    return int(raw)
-
-
 def lnc_degree() -> int:
     """The LNC degree for kernel launches: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), else the
     older ``NKILIB_MSDA_SIM_LNC`` (emulator only), else 1. Anything else raises ValueError
     naming the variable."""
-    raw = os.environ.get(LNC_ENV_VAR)
-    if raw is not None and raw.strip():
-        return _lnc_from(LNC_ENV_VAR, raw)
-    legacy = os.environ.get(LEGACY_SIM_LNC_ENV_VAR)
-    if legacy is not None and legacy.strip():
-        return _lnc_from(LEGACY_SIM_LNC_ENV_VAR, legacy)
-    return 1
+    return read_env(LNC_ENV_VAR) or read_env(LEGACY_SIM_LNC_ENV_VAR) or 1
 
 
 def run_in_simulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:

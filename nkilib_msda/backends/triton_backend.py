@@ -20,11 +20,10 @@ copy per call. Measurements: benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nkilib_msda._env import env_flag
+from nkilib_msda._env import read_env
 from nkilib_msda.validation import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
@@ -34,7 +33,7 @@ _SUPPORTED_PADDING = ("zeros", "border")
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return bool(read_env("TRITON_INTERPRET"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -321,8 +320,7 @@ class _Launcher:
 
 
 # Direct launches of compiled kernels (see _Launcher); off under the interpreter.
-_FAST_LAUNCH = [os.environ.get("NKILIB_MSDA_TRITON_FAST_LAUNCH", "1") not in ("0", "")
-                and not _interpreting()]
+_FAST_LAUNCH = [bool(read_env("NKILIB_MSDA_TRITON_FAST_LAUNCH")) and not _interpreting()]
 
 
 class _Context:
@@ -406,7 +404,7 @@ def _checked_context(problem: MSDAProblem, value, sampling_locations) -> _Contex
 def _resolve_deterministic(deterministic: bool | None) -> bool:
     if deterministic is not None:
         return bool(deterministic)
-    env = env_flag(DETERMINISTIC_ENV)
+    env = read_env(DETERMINISTIC_ENV)
     if env is not None:
         return env
     import torch

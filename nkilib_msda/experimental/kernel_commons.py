@@ -1,44 +1,30 @@
 """Hardware facts and launch helpers shared by every NKI kernel and planner of the package.
 
-The constants are plain Python (the planners import them without NKI); the functions at the
-end run inside a kernel and import NKI lazily. See docs/kernels.md, "Kernel commons".
+The facts are defined once in :mod:`nkilib_msda.hardware` (plain Python; the planners import
+them without NKI) and re-exported here for the kernels; the functions below run inside a
+kernel and import NKI lazily. See docs/kernels.md, "Kernel commons".
 
-Sources (official NKI documentation, Neuron 2.33/2.34):
-- partitions, PSUM banks, SBUF sizes: the Trainium2 architecture guide
-  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/architecture/trainium2_arch.html)
-  and ``nl.tile_size`` (``pmax``, ``psum_fmax``, ``sbuf_fmax_bytes``;
-  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.language.tile_size.html).
-- LNC: https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html
-  and https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/nki.lnc.html.
+LNC: https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html
+and https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/nki.lnc.html.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nkilib_msda.hardware import (DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, MAX_LNC,
+                                  PARTITIONS,
+                                  PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BANK_FP32,
+                                  PSUM_BANKS, PSUM_BYTES, planner_sbuf_budget)
+
 # Kernel-path code compares with ``== None``: the package's test suites still run the
 # emulator's pre-0.7 source rules, which reject ``is``.
 
 __all__ = [
     "PARTITIONS", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
-    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "SBUF_USABLE_BYTES", "MAX_LNC",
-    "core_info", "core_barrier", "usable_sbuf_bytes",
+    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "PLANNER_SBUF_BUDGET", "MAX_LNC", "DMA_TRANSPOSE_MAX_FREE",
+    "core_info", "core_barrier", "usable_sbuf_bytes", "kernel_sbuf_budget",
 ]
-
-PARTITIONS = 128                       # SBUF/PSUM partitions (nl.tile_size.pmax)
-PSUM_BANK_BYTES = 2048                 # bytes per partition in one PSUM bank
-PSUM_BANKS = 8
-PSUM_BYTES = PSUM_BANKS * PSUM_BANK_BYTES
-PSUM_BANK_FP32 = PSUM_BANK_BYTES // 4  # fp32 columns of one matmul output bank
-# Index arithmetic runs in fp32 on the Vector/Scalar engines: integers are exact below 2^24.
-FP32_EXACT_INT_MAX = 1 << 24
-DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2,
-               "uint16": 2, "int16": 2, "uint8": 1, "int8": 1}
-# Usable SBUF bytes per partition that planners assume when no device is queried: the
-# figures nki-library budgets with (SBUF minus the runtime's dynamic-DMA scratch and a
-# few bytes it keeps).
-SBUF_USABLE_BYTES = {"trn1": 192 * 1024 - 17 * 1024, "trn2": 207 * 1024, "trn3": 239 * 1024}
-MAX_LNC = 2                            # the Neuron SDK supports LNC degree 1 or 2
 
 
 def core_info() -> tuple[int, int]:
@@ -95,3 +81,9 @@ def usable_sbuf_bytes() -> int:
     if size == None:  # noqa: E711
         size = nl.tile_size.total_available_sbuf_size
     return int(size)
+
+
+def kernel_sbuf_budget() -> int:
+    """The planners' SBUF budget on the running target: :func:`usable_sbuf_bytes` minus the
+    one planner reserve (:data:`nkilib_msda.hardware.PLANNER_SBUF_RESERVE_BYTES`)."""
+    return planner_sbuf_budget(usable_sbuf_bytes())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nkilib_msda._env import env_choice
+from nkilib_msda._env import match_word, read_env
 from nkilib_msda.backends import (
     BACKEND_NAMES, BLOCK_ATTN_RES_BACKENDS, BackendUnavailableError, get_backend)
 from nkilib_msda.validation import MSDAProblem
@@ -51,13 +51,15 @@ def requested_backend(backend: str | None, device: torch.device,
 
     ``NKILIB_MSDA_BACKEND`` naming a backend outside ``names`` (e.g. "triton" for Block
     AttnRes) selects by device instead."""
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend: expected None or one of {[AUTO, *names]}, got {backend!r}")
+    if backend is not None:  # the package's one rule for words: any case
+        try:
+            backend = match_word("backend", backend, (AUTO, *names))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"backend: expected None or one of {[AUTO, *names]}, "
+                            f"got {backend!r}") from None
     if backend is not None and backend != AUTO:
-        if backend not in names:
-            raise ValueError(f"backend: expected None or one of {[AUTO, *names]}, got {backend!r}")
         return BackendChoice(backend, "argument")
-    env = env_choice(ENV_VAR, (AUTO, *BACKEND_NAMES))
+    env = read_env(ENV_VAR)
     if env and env != AUTO:
         if env in names:
             return BackendChoice(env, ENV_VAR)

@@ -195,11 +195,27 @@ def note_access(storage: Storage, itemsize: int, instruction: str, is_write: boo
         flags.any_read[me] = True
 
 
+def _note_timing_view(t: NkiTensor, is_write: bool) -> None:
+    """Tell the running simulation's timing recorder about an access of the view ``t``."""
+    ctx = current_or_none()
+    if ctx is not None and ctx.timeline is not None:
+        ctx.timeline.note_view(ctx.program_id, t, is_write)
+
+
+def _note_timing_raw(storage: Storage, addr: Any, dtype: Any, is_write: bool) -> None:
+    ctx = current_or_none()
+    if ctx is not None and ctx.timeline is not None:
+        ctx.timeline.note_raw(ctx.program_id, storage, addr, dtype, is_write)
+
+
 def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
-             what: str = "") -> np.ndarray:
+             what: str = "", note_timing: bool = True) -> np.ndarray:
     """Values (a new array) at element addresses ``addr`` (int array or slice) of
-    ``storage`` seen as ``dtype``; raises on uninitialised elements."""
+    ``storage`` seen as ``dtype``; raises on uninitialised elements. ``note_timing``: report
+    the access to the timing model (callers that report a view themselves pass False)."""
     check_initialised(storage, addr, dtype.itemsize, instruction, what)
+    if note_timing:
+        _note_timing_raw(storage, addr, dtype, False)
     if storage.buffer == "shared_hbm":
         note_access(storage, dtype.itemsize, instruction, False, addr=addr, what=what)
     values = storage.data.view(dtype.np)[addr]
@@ -215,10 +231,12 @@ def check_writable(storage: Storage, instruction: str = "write") -> None:
 
 
 def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any,
-              instruction: str = "write") -> None:
+              instruction: str = "write", note_timing: bool = True) -> None:
     """Store ``values`` (already cast) at ``addr``; marks them initialised."""
     if storage.read_only is not None:
         check_writable(storage, instruction)
+    if note_timing:
+        _note_timing_raw(storage, addr, dtype, True)
     if storage.buffer == "shared_hbm":
         note_access(storage, dtype.itemsize, instruction, True, addr=addr, values=values)
     storage.data.view(dtype.np)[addr] = values
@@ -228,9 +246,11 @@ def write_raw(storage: Storage, addr: Any, values: np.ndarray, dtype: Any,
 def read(t: Any, instruction: str) -> np.ndarray:
     """Values of a static view, shape ``t.shape``, dtype ``t.dtype.np`` (a new array)."""
     t = require_tensor(t, instruction)
+    _note_timing_view(t, False)
     flat = t.run_slice()
     if flat is not None:
-        return read_raw(t.storage, flat, t.dtype, instruction, t.name).reshape(t.shape)
+        return read_raw(t.storage, flat, t.dtype, instruction, t.name,
+                        note_timing=False).reshape(t.shape)
     # Strided views read through NumPy strides (no address arrays): same elements.
     storage = t.storage
     itemsize = t.dtype.itemsize
@@ -263,9 +283,10 @@ def write(t: Any, values: Any, instruction: str) -> None:
 def store(t: NkiTensor, values: np.ndarray, instruction: str) -> None:
     """Store ``values`` (already ``t.dtype.np``, ``t.size`` elements, row-major) into the
     static view ``t``; a destination that addresses an element twice raises."""
+    _note_timing_view(t, True)
     flat = t.run_slice()
     if flat is not None:
-        write_raw(t.storage, flat, values, t.dtype, instruction)
+        write_raw(t.storage, flat, values, t.dtype, instruction, note_timing=False)
         return
     check_writable(t.storage, instruction)
     _check_no_double_write(t, instruction)
@@ -288,6 +309,7 @@ def store_masked(t: NkiTensor, values: np.ndarray, mask: np.ndarray, instruction
     storage = t.storage
     check_writable(storage, instruction)
     _check_no_double_write(t, instruction)
+    _note_timing_view(t, True)
     itemsize = t.dtype.itemsize
     if storage.buffer == "shared_hbm":
         note_access(storage, itemsize, instruction, True, view=t, mask=mask, what=t.name,
@@ -351,7 +373,7 @@ def check_compute_partitions(instruction: str, *tensors: Any) -> None:
                             f"free access-pattern levels after merging contiguous dims; compute "
                             f"instructions take at most {MAX_COMPUTE_FREE_LEVELS} (copy it to a "
                             "contiguous tile first)")
-        limit = {0: 128, 32: 32, 64: 64, 96: 32}.get(start)
+        limit = {0: MAX_PARTITIONS, 32: 32, 64: 64, 96: 32}.get(start)
         if limit is None or num > limit:
             raise nki_error(instruction, "start partition",
                             f"Invalid access of {num} partitions starting at partition {start} "

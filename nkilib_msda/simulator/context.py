@@ -134,6 +134,8 @@ class SharedState:
     # Cross-core race detection on shared HBM (access.py): on while the programs of an LNC 2
     # run execute; off at LNC 1 and for the runner's own reads of the outputs afterwards.
     race_tracking: bool = False
+    # The timing model's recorder (timing.Timeline), None when timing is off.
+    timeline: Any = None
 
 
 class ExecutionContext:
@@ -155,6 +157,9 @@ class ExecutionContext:
         self.program_ndim = program_ndim
         self.report = CostReport()
         self.report.target = shared.target.name
+        self.timeline = shared.timeline
+        if self.timeline is not None:
+            self.report._timeline = (self.timeline, program_id)
         self.memory = MemoryTracker(shared.target, self.report, strict=shared.options.strict)
         self.shared_allocation_count = 0
         self.barrier_phase = 0  # core_barriers this program has passed (cross-core race phases)

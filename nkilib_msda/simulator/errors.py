@@ -1,4 +1,4 @@
-"""Errors and warnings raised by the NKI emulator (the lowest layer: imports nothing).
+"""Errors and warnings raised by the NKI emulator (the lowest layer: imports no emulator module).
 
 Every violation of an enforced NKI rule raises :class:`NkiError` built by :func:`nki_error`:
 it carries the structured fields ``instruction``, ``rule`` and ``detail`` and its message
@@ -15,8 +15,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from nkilib_msda._env import EnvironmentVariableError
+
 __all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard",
-           "OtherProgramAborted"]
+           "OtherProgramAborted", "NkiEnvironmentVariableError", "env_error"]
 
 
 class NkiError(Exception):
@@ -39,6 +41,19 @@ class NkiError(Exception):
 def _rebuild_error(cls: type, message: str, instruction: str, rule: str,
                    detail: str) -> "NkiError":
     return cls(message, instruction=instruction, rule=rule, detail=detail)
+
+
+class NkiEnvironmentVariableError(NkiError, EnvironmentVariableError):
+    """A bad environment variable met by the emulator: an NkiError (the emulator's rule
+    errors) and the package's one EnvironmentVariableError (a ValueError) alike."""
+
+
+def env_error(instruction: str, rule: str, cause: EnvironmentVariableError,
+              why: str = "") -> NkiEnvironmentVariableError:
+    """The emulator's form of a bad-variable error: ``"<instruction>: <rule>: <cause>[; why]"``."""
+    detail = f"{cause}; {why}" if why else str(cause)
+    return NkiEnvironmentVariableError(f"{instruction}: {rule}: {detail}", instruction=instruction,
+                                       rule=rule, detail=detail)
 
 
 class NkiWarning(UserWarning):

@@ -23,22 +23,22 @@ import dataclasses
 import enum
 import functools
 import inspect
-import os
 import threading
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 
-from nkilib_msda._env import env_flag
+from nkilib_msda._env import EnvironmentVariableError, read_env
 from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.dtypes import to_nki_dtype
-from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_error
+from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, env_error, nki_error
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
+from nkilib_msda.simulator.timing import Timeline, Timing, TimingWarning
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
 __all__ = ["jit", "JitKernel", "simulate", "lnc_degree"]
@@ -49,13 +49,11 @@ LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 def lnc_degree() -> int | None:
     """The LNC degree set by ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), None when unset."""
-    raw = os.environ.get(LNC_ENV, "").strip()
-    if not raw:
-        return None
-    if raw not in ("1", "2"):
-        raise nki_error("nki.jit", "LNC degree",
-                        f"{LNC_ENV}={raw!r}: the LNC degree must be 1 or 2")
-    return int(raw)
+    try:
+        degree: int | None = read_env(LNC_ENV)
+    except EnvironmentVariableError as exc:
+        raise env_error("nki.jit", "LNC degree", exc, "the LNC degree must be 1 or 2") from None
+    return degree
 
 
 class JitKernel:
@@ -294,7 +292,9 @@ class _Runner:
         inputs = _Inputs()
         kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
         shared = SharedState(self.lnc, self.target, self.options,
-                             ProgramScheduler(self.lnc, self.options.barrier_timeout_s))
+                             ProgramScheduler(self.lnc, self.options.barrier_timeout_s),
+                             timeline=Timeline(self.target.name, self.lnc)
+                             if self.want_report and timing_enabled() else None)
         contexts = [ExecutionContext(shared, pid, self.program_ndim) for pid in range(self.lnc)]
         results: list[Any] = [None] * self.lnc
         errors: list[BaseException | None] = [None] * self.lnc
@@ -341,6 +341,14 @@ class _Runner:
             arrays = [_to_torch(a) for a in arrays]
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
+        for ctx in contexts:
+            ctx.report._timeline = None
+        if shared.timeline is not None:
+            if shared.timeline.failure is None:
+                report.timing = Timing.from_timeline(shared.timeline)
+            else:
+                warnings.warn(f"the timing model failed ({shared.timeline.failure}); "
+                              "report.timing is None", TimingWarning, stacklevel=2)
         if is_none:
             return (report,) if self.want_report else None
         if is_tuple:
@@ -353,13 +361,19 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
     if strict is None:
         strict = kernel.options.get("strict")
     if strict is None:
-        strict = env_flag(STRICT_ENV, default=False)
+        strict = read_env(STRICT_ENV)
     if not isinstance(strict, bool):
         raise ValueError(f"simulate: strict must be True, False or None, got {strict!r}")
     return strict
 
 
 STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
+TIMING_ENV = "NKILIB_MSDA_SIM_TIMING"
+
+
+def timing_enabled() -> bool:
+    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_SIM_TIMING=0``."""
+    return bool(env_flag(TIMING_ENV, default=True))
 
 
 def _is_abort(exc: BaseException) -> bool:

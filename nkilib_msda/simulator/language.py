@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
+from nkilib_msda.hardware import PE_ARRAY_SIZE as _PE_ARRAY_SIZE
 from nkilib_msda.simulator.access import mark_initialised, write
 from nkilib_msda.simulator.alu import *  # noqa: F401,F403
 from nkilib_msda.simulator.alu import __all__ as _alu_all
@@ -247,8 +249,8 @@ class _TileSize:
     free-size limit), psum_min_align 4 and sbuf_min_align 1 bytes (one fp32 / one byte).
     """
 
-    pmax = 128
-    gemm_stationary_fmax = 128
+    pmax = _PARTITIONS
+    gemm_stationary_fmax = _PE_ARRAY_SIZE
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
     psum_min_align = 4

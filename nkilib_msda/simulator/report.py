@@ -1,8 +1,9 @@
 """Cost report: what a kernel asked the hardware to do, counted per engine and per DMA kind.
 
-It is *not* a timing: it counts instructions, elements, DMA bytes and descriptors, and the
-peak on-chip memory. Engines overlap on hardware and DMA cost depends on queues and
-descriptor sizes, none of which the emulator models (docs/simulator.md).
+The counts (instructions, elements, DMA bytes and descriptors, peak on-chip memory) are exact.
+The modelled time, which overlaps engines and DMA queues, is ``report.timing`` (a
+:class:`~nkilib_msda.simulator.timing.Timing`, docs/timing.md): the report forwards each
+counted instruction to the run's timeline while the kernel runs.
 """
 
 from __future__ import annotations
@@ -88,10 +89,18 @@ class CostReport:
         self.num_programs = 1
         self.target = ""
         self.programs: list[CostReport] = []  # per-program reports of an LNC>1 run
+        self.timing: Any = None  # the modelled time (timing.Timing), set after the run
+        self._timeline: Any = None  # (timing.Timeline, program id) while the kernel runs
 
     # -- recording -------------------------------------------------------------------------
     def add_instruction(self, engine: str, opcode: str, elements: int) -> None:
         """Count one instruction of ``opcode`` on ``engine`` processing ``elements`` elements."""
+        self._count(engine, opcode, elements)
+        if self._timeline is not None:
+            timeline, program = self._timeline
+            timeline.compute(program, engine, opcode, int(elements))
+
+    def _count(self, engine: str, opcode: str, elements: int) -> None:
         per_engine = self.instructions.get(engine)
         if per_engine is None:
             raise ValueError(f"CostReport.add_instruction: unknown engine {engine!r}; "
@@ -105,18 +114,28 @@ class CostReport:
 
     def add_dma(self, opcode: str, kind: str, direction: str, elements: int, nbytes: int,
                 hbm_bytes: int = 0, descriptors: dict[int, int] | None = None,
-                skipped_descriptors: int = 0) -> None:
+                skipped_descriptors: int = 0, queue: str | None = None) -> None:
         """Count one DMA instruction: kind, direction, bytes, and descriptors as a histogram
-        ``{bytes_per_descriptor: count}`` (indirect DMAs)."""
+        ``{bytes_per_descriptor: count}`` (indirect DMAs). ``queue`` ("sync" or "act":
+        hardware DGE, "swdge": software DGE, None: by kind) is where the timing model issues
+        it."""
         if kind not in DMA_KINDS:
             raise ValueError(f"CostReport.add_dma: unknown kind {kind!r}; expected {DMA_KINDS}")
         if direction not in DMA_DIRECTIONS:
             raise ValueError(f"CostReport.add_dma: unknown direction {direction!r}")
-        self.add_instruction("dma", opcode, elements)
+        timeline, self._timeline = self._timeline, None  # timed below, as a DMA
+        try:
+            self.add_instruction("dma", opcode, elements)  # every instruction passes here
+        finally:
+            self._timeline = timeline
         stats = self.dma.get((kind, direction))
         if stats is None:
             stats = self.dma[(kind, direction)] = _DmaStats()
         stats.add(elements, nbytes, hbm_bytes, descriptors, skipped_descriptors)
+        if timeline is not None:
+            recorder, program = timeline
+            recorder.dma(program, opcode, kind, direction, int(elements), int(nbytes),
+                         int(hbm_bytes), descriptors, queue)
 
     def note_memory(self, sbuf_bytes: int, psum_bytes: int) -> None:
         self.peak_sbuf_bytes_per_partition = max(self.peak_sbuf_bytes_per_partition, sbuf_bytes)
@@ -185,7 +204,7 @@ class CostReport:
 
     def __str__(self) -> str:
         lines = [f"NKI emulator cost report (target {self.target or '?'}, "
-                 f"{self.num_programs} program(s); counts, not a timing)"]
+                 f"{self.num_programs} program(s); exact counts)"]
         lines.append(f"  {'engine':<8}{'opcode':<28}{'instructions':>14}{'elements':>16}")
         for engine, ops in self.instructions.items():
             for opcode, (count, elements) in sorted(ops.items()):
@@ -201,6 +220,8 @@ class CostReport:
                              f"{s.descriptors:>13,}{desc:>24}")
         lines.append(f"  peak SBUF {self.peak_sbuf_bytes_per_partition:,} B/partition, "
                      f"peak PSUM {self.peak_psum_bytes_per_partition:,} B/partition")
+        if self.timing is not None:
+            lines.append(f"  {self.timing.summary()}")
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda import hardware
+from nkilib_msda._env import EnvironmentVariableError, read_env
+from nkilib_msda.simulator.errors import env_error, nki_error
 
 __all__ = ["Target", "TARGETS", "get_target", "default_target_name"]
 
-KIB = 1024
-# The runtime reserves 16 KiB per partition for dynamic-DMA scratch (docs/simulator.md):
-# trn2 224 KiB - 16 KiB = 212,992 B usable ("~207 KiB" once nki-library also keeps 8 B and
-# its identity tile, which kernels allocate themselves and are counted as they do).
-DYNAMIC_DMA_SCRATCH_BYTES = 16 * KIB
+# The capacities come from the package's one table of hardware facts (nkilib_msda.hardware):
+# usable SBUF = capacity - the runtime's 16 KiB dynamic-DMA scratch (trn2 212,992 B). Bytes
+# nki-library keeps for itself (its identity tile, a few bytes) are allocated by its kernels
+# and counted as they do.
 
 
 @dataclass(frozen=True)
@@ -37,24 +37,28 @@ class Target:
         return self.name == "trn3"
 
 
-def _make(name: str, core: str, sbuf_kib: int, matmul_n: int, trn3: bool) -> Target:
-    sbuf = sbuf_kib * KIB
+def _make(name: str) -> Target:
+    trn3 = name == "trn3"
     return Target(
-        name=name, neuron_core=core, num_partitions=128, sbuf_bytes_per_partition=sbuf,
-        usable_sbuf_bytes_per_partition=sbuf - DYNAMIC_DMA_SCRATCH_BYTES,
-        psum_bytes_per_partition=16 * KIB, psum_bank_bytes=2 * KIB, psum_num_banks=8,
-        matmul_max_n_fp32=matmul_n, supports_bf16_matmul_dst=trn3, supports_abs_max=trn3)
+        name=name, neuron_core=hardware.NEURON_CORES[name], num_partitions=hardware.PARTITIONS,
+        sbuf_bytes_per_partition=hardware.SBUF_BYTES_PER_PARTITION[name],
+        usable_sbuf_bytes_per_partition=hardware.USABLE_SBUF_BYTES[name],
+        psum_bytes_per_partition=hardware.PSUM_BYTES, psum_bank_bytes=hardware.PSUM_BANK_BYTES,
+        psum_num_banks=hardware.PSUM_BANKS, matmul_max_n_fp32=hardware.MATMUL_MAX_N_FP32[name],
+        supports_bf16_matmul_dst=trn3, supports_abs_max=trn3)
 
 
-TARGETS: dict[str, Target] = {
-    "trn2": _make("trn2", "NC-v3", 224, 512, False),
-    "trn3": _make("trn3", "NC-v4", 256, 4096, True),
-}
+TARGETS: dict[str, Target] = {name: _make(name) for name in hardware.TARGETS}
 
 
 def default_target_name() -> str:
-    """``NEURON_PLATFORM_TARGET_OVERRIDE`` if set, else trn2."""
-    return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "") or "trn2"
+    """``NEURON_PLATFORM_TARGET_OVERRIDE`` if set, else trn2; another value raises an error
+    that is both an NkiError and an EnvironmentVariableError."""
+    try:
+        return str(read_env("NEURON_PLATFORM_TARGET_OVERRIDE"))
+    except EnvironmentVariableError as exc:
+        raise env_error("simulate", "unsupported target", exc,
+                        f"the emulator models {sorted(TARGETS)}") from None
 
 
 def get_target(target: "str | Target | None" = None) -> Target:

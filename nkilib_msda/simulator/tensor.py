@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
 from nkilib_msda.simulator.errors import nki_error
@@ -27,7 +28,7 @@ from nkilib_msda.simulator.memory import BUFFERS, HBM_BUFFERS, ON_CHIP, Storage
 __all__ = ["Storage", "NkiTensor", "IndirectAccess", "DynamicAccess", "ON_CHIP", "HBM_BUFFERS",
            "BUFFERS", "is_dynamic"]
 
-MAX_PARTITIONS = 128
+MAX_PARTITIONS = _PARTITIONS
 MAX_ONCHIP_FREE_LEVELS = 4  # hardware access patterns: partition pair + <= 4 free pairs
 
 

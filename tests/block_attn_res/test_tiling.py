@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nkilib_msda.experimental.block_attn_res.tiling import (
-    SBUF_USABLE_BYTES, TOKEN_TILE, plan_backward, plan_forward)
+    PLANNER_SBUF_BUDGET, TOKEN_TILE, plan_backward, plan_forward)
 
-BUDGET = SBUF_USABLE_BYTES["trn2"]
+BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 
 
 @pytest.mark.parametrize("shape,fwd_mode,bwd_mode", [

@@ -10,6 +10,7 @@ import torch
 
 from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
 from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
+from nkilib_msda.workloads import max_relative_error
 
 
 def _inputs(n_blocks, partial, b, t, d, dtype, seed=0, spread=4.0):
@@ -22,8 +23,7 @@ def _inputs(n_blocks, partial, b, t, d, dtype, seed=0, spread=4.0):
 
 
 def _max_rel(a, ref):
-    a = np.asarray(a.detach().double() if isinstance(a, torch.Tensor) else a, dtype=np.float64)
-    return float(np.abs(a - ref).max() / np.abs(ref).max())
+    return max_relative_error(a, ref)
 
 
 @pytest.mark.parametrize("rms_on,partial,scale", [(True, True, 0.8), (False, False, 1.0), (True, False, 1.7)])

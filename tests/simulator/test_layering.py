@@ -25,6 +25,8 @@ ROOT = Path(simulator_pkg.__file__).parent
 LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled"}),
+    ("timing model", {"timing", "timing.constants", "timing.costs", "timing.recorder",
+                      "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),
     ("tensors and views", {"tensor"}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,9 @@ def test_train_trn2_dry_run_example():
     out = _run("train_trn2.py", "--dry-run", "--steps", "2")
     assert "step 1: loss" in out
     assert "parameters identical on all 2 ranks: True" in out
+    # random image sizes padded to 4 buckets: the count of graphs a static-shape compiler needs
+    seen = re.search(r"distinct spatial-shape sets: (\d+) over 2 steps x 2 ranks \(at most 4 buckets\)", out)
+    assert seen and 1 <= int(seen.group(1)) <= 4
 
 
 def test_train_trn2_without_torch_neuronx_says_to_use_dry_run():

@@ -3,9 +3,10 @@
 layers' forward becomes nkilib_msda's, outputs and parameter gradients stay the same.
 
 transformers applies its hub hook (``use_kernel_forward_from_hub``) only with a ``kernels``
-version in its supported range; with another one installed its decorator is a no-op, and the
-test applies the same hook itself with ``kernels.replace_kernel_forward_from_hub`` (what the
-decorator does), so the kernelize path is exercised either way.
+version in its supported range; with another one installed (the ``hf`` extra's 0.17) its
+decorator is a no-op and ``register_hf_kernels`` adds the hook itself. The tests never add it:
+the ``pristine`` fixture removes any hook nkilib_msda added earlier in the process, so the
+documented route (register, then kernelize) has to do the swap on its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ kernels = pytest.importorskip("kernels")
 
 import nkilib_msda  # noqa: E402
 from nkilib_msda.backends import reference_torch  # noqa: E402
+from nkilib_msda.pytorch import hf_kernels  # noqa: E402
 from nkilib_msda.pytorch.hf_kernels import LAYER_NAME, NkilibMSDALayerRepository  # noqa: E402
 from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention  # noqa: E402
 from test_torch_hf import _forward_backward, _resnet, _tiny_deformable_detr, _tiny_rt_detr  # noqa: E402
@@ -44,22 +46,27 @@ def _hf_layer_classes(model):
             and not isinstance(m, MultiScaleDeformableAttention)}
 
 
+def _unhook_ours():
+    for cls in list(hf_kernels.HOOKED_BY_US):
+        for attr in ("kernel_layer_name", "kernel_condition"):
+            if attr in vars(cls):
+                delattr(cls, attr)
+    hf_kernels.HOOKED_BY_US.clear()
+
+
 @pytest.fixture
-def hooked():
-    """Give the HF layer classes the hub hook when transformers' decorator was a no-op."""
-    added = []
+def pristine():
+    """transformers' layer classes as transformers left them (hooks nkilib_msda added removed),
+    before and after the test."""
+    _unhook_ours()
+    yield
+    _unhook_ours()
 
-    def hook(model):
-        for cls in _hf_layer_classes(model):
-            if not hasattr(cls, "kernel_layer_name"):
-                kernels.replace_kernel_forward_from_hub(cls, LAYER_NAME)
-                added.append(cls)
-        return model
 
-    yield hook
-    for cls in added:
-        del cls.kernel_layer_name
-        del cls.kernel_condition
+def _transformers_hook_active() -> bool:
+    from transformers.models.deformable_detr import modeling_deformable_detr as ddetr
+
+    return hasattr(ddetr.MultiScaleDeformableAttention, "kernel_layer_name")
 
 
 @pytest.mark.parametrize("build,sites,mode", [(_tiny_deformable_detr, 3, "training"),
@@ -68,11 +75,11 @@ def hooked():
                                               (_tiny_rt_detr, 2, "training")],
                          ids=["deformable_detr", "deformable_detr-inference", "grounding_dino",
                               "rt_detr"])
-def test_kernelize_swaps_in_nkilib_and_keeps_outputs_and_gradients(build, sites, mode, hooked,
+def test_kernelize_swaps_in_nkilib_and_keeps_outputs_and_gradients(build, sites, mode, pristine,
                                                                    monkeypatch):
     torch.manual_seed(0)
     model, output_name = build()
-    model = hooked(model.double().eval())
+    model = model.double().eval()
     g = torch.Generator().manual_seed(1)
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=g)}
     if "GroundingDino" in type(model).__name__:
@@ -118,10 +125,9 @@ def test_layer_declares_modes_and_passes_the_kernels_layer_rules():
     _validate_layer(check_cls=ddetr.MultiScaleDeformableAttention, cls=repo.load(), repo=repo)
 
 
-def test_kernelize_for_compile_mode_keeps_our_layer(hooked):
+def test_kernelize_for_compile_mode_keeps_our_layer(pristine):
     torch.manual_seed(2)
     model, _ = _tiny_deformable_detr()
-    hooked(model)
     nkilib_msda.register_hf_kernels(["cpu"])
     kernels.kernelize(model, device="cpu",
                       mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE, use_fallback=False)
@@ -135,3 +141,28 @@ def test_register_hf_kernels_rejects_bad_devices():
         nkilib_msda.register_hf_kernels(["tpu"])
     with pytest.raises(TypeError, match="devices"):
         nkilib_msda.register_hf_kernels("cpu")
+
+
+def test_register_hooks_the_layer_classes_transformers_left_unhooked(pristine):
+    from transformers.models.deformable_detr import modeling_deformable_detr as ddetr
+    from transformers.models.rt_detr import modeling_rt_detr as rt_detr
+
+    active = _transformers_hook_active()
+    nkilib_msda.register_hf_kernels(["cpu"])
+    for cls in (ddetr.MultiScaleDeformableAttention, rt_detr.MultiScaleDeformableAttention):
+        assert cls.kernel_layer_name == LAYER_NAME
+        assert (cls in hf_kernels.HOOKED_BY_US) is not active  # only where transformers did not
+
+
+@pytest.mark.parametrize("env", [("USE_HUB_KERNELS", "NO"), ("DISABLE_KERNEL_MAPPING", "1")])
+def test_register_warns_when_kernelize_cannot_swap(env, pristine, monkeypatch):
+    monkeypatch.setenv(*env)
+    with pytest.warns(UserWarning, match=f"{env[0]}.*will not swap in nkilib_msda"):
+        nkilib_msda.register_hf_kernels(["cpu"])
+    assert not hf_kernels.HOOKED_BY_US
+
+
+def test_register_warns_when_transformers_has_no_layer_class(pristine, monkeypatch):
+    monkeypatch.setattr(hf_kernels, "_hf_layer_classes", lambda: [])
+    with pytest.warns(UserWarning, match="found no transformers MultiScaleDeformableAttention"):
+        nkilib_msda.register_hf_kernels(["cpu"])

@@ -8,8 +8,7 @@ torch = pytest.importorskip("torch")
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
 from nkilib_msda.validation import MSDAProblem  # noqa: E402
-
-DDETR = ((100, 167), (50, 84), (25, 42), (13, 21))
+from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,7 @@ from typing import Any
 
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE
-from nkilib_msda.experimental.kernel_commons import (SBUF_USABLE_BYTES, core_barrier, core_info,
-                                                      usable_sbuf_bytes)
+from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
 from nkilib_msda.validation import dtype_name
 
 __all__ = ["launch", "barrier", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
@@ -25,8 +24,8 @@ def barrier(data: Any, lnc: int) -> None:
 
 
 def sbuf_budget() -> int:
-    """Usable SBUF bytes per partition: the target's, capped at the trn2 figure of nki-library."""
-    return min(usable_sbuf_bytes(), SBUF_USABLE_BYTES["trn2"])
+    """The planners' SBUF budget per partition on the running target."""
+    return kernel_sbuf_budget()
 
 
 def check_vector_arg(name: str, x: Any, dim: int) -> None:

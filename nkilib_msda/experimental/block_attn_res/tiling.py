@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Callable, cast
 
 from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.experimental.kernel_commons import PARTITIONS, PSUM_BANK_FP32, SBUF_USABLE_BYTES
+from nkilib_msda.experimental.kernel_commons import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
 
-__all__ = ["TOKEN_TILE", "BETA_CHUNK", "SBUF_USABLE_BYTES", "ForwardPlan", "BackwardPlan",
+__all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
 
 TOKEN_TILE = PARTITIONS  # tokens per tile = partitions
@@ -145,8 +145,8 @@ class BackwardPlan(_Plan):
 
 
 def _check_common(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int) -> None:
-    if not 1 <= num_sources <= 128:
-        raise ValueError(f"num_sources: expected 1..128, got {num_sources}")
+    if not 1 <= num_sources <= PARTITIONS:
+        raise ValueError(f"num_sources: expected 1..{PARTITIONS}, got {num_sources}")
     if num_tokens < 1 or dim < 1:
         raise ValueError(f"num_tokens, dim: expected >= 1, got {num_tokens}, {dim}")
     if dtype not in DTYPE_BYTES:
@@ -179,12 +179,12 @@ def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
         if _fits(buffers, budget):
             return mode, nbuf, buffers
         tried.append(f"{mode} x{nbuf}: {sum(buffers.values())} B")
-    raise ValueError(f"dim: no tiling fits the {budget} usable SBUF bytes per partition "
+    raise ValueError(f"dim: no tiling fits the {budget:,} SBUF bytes per partition "
                      f"({'; '.join(tried)})")
 
 
 def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
-                 enable_rmsnorm: bool = True, sbuf_budget: int = SBUF_USABLE_BYTES["trn2"],
+                 enable_rmsnorm: bool = True, sbuf_budget: int = PLANNER_SBUF_BUDGET["trn2"],
                  force_mode: str | None = None, force_group: int | None = None) -> ForwardPlan:
     """Choose the forward's source group and buffer rotation; list its SBUF buffers.
 
@@ -226,12 +226,12 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
             return ForwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
                                tuple(buffers.items()), sbuf_budget, group)
         tried.append(f"group {group} x{nbuf}: {sum(buffers.values())} B")
-    raise ValueError(f"dim: no tiling fits the {sbuf_budget} usable SBUF bytes per partition "
+    raise ValueError(f"dim: no tiling fits the {sbuf_budget:,} SBUF bytes per partition "
                      f"({'; '.join(tried[-2:])})")
 
 
 def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
-                  enable_rmsnorm: bool = True, sbuf_budget: int = SBUF_USABLE_BYTES["trn2"],
+                  enable_rmsnorm: bool = True, sbuf_budget: int = PLANNER_SBUF_BUDGET["trn2"],
                   force_mode: str | None = None) -> BackwardPlan:
     """Choose the backward's mode and buffer rotation; list its SBUF buffers (bytes/partition)."""
     _check_common(num_sources, num_tokens, dim, dtype, lnc)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from nkilib_msda.hardware import PARTITIONS
 from nkilib_msda.validation import dtype_name
 
 __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
@@ -19,7 +20,7 @@ __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
 
 KERNEL_DTYPES = ("bfloat16", "float16", "float32")
 MAX_BLOCKS = 127
-MAX_SOURCES = 128
+MAX_SOURCES = PARTITIONS  # the kernels' limit on L (the tiling planner checks the same)
 
 
 @dataclass(frozen=True)

@@ -64,14 +64,14 @@ import math
 from dataclasses import dataclass, field
 
 from nkilib_msda.experimental.kernel_commons import (
-    DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, SBUF_USABLE_BYTES)
+    DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
 from nkilib_msda.validation import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
 MAX_DMA_COMPUTE_SOURCES = 16
 MAX_BLOCKS_PER_TILE = 16
-TRN2_USABLE_SBUF_BYTES = SBUF_USABLE_BYTES["trn2"]
-SBUF_FIT_RESERVE = 4096
+# The planners' one SBUF budget (nkilib_msda.hardware); the kernel passes its target's.
+TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 GATHER_METHODS = ("transpose", "copy")
 REDUCE_FREE_ELEMENTS = 2048  # fp32 elements per partition in one zero / reduce tile
 # Upstream's DMA-transpose packet limit: at most 64 // r index columns per transpose, r = 128 / min(C_h, 128).
@@ -306,7 +306,7 @@ def make_backward_config(
     compute_grad_value: bool = True,
     compute_grad_sampling_locations: bool = True,
     compute_grad_attention_weights: bool = True,
-    sbuf_budget: int = TRN2_USABLE_SBUF_BYTES,
+    sbuf_budget: int = TRN2_SBUF_BUDGET,
     buffers_per_core: int | None = None,
 ) -> BackwardConfig:
     """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs.
@@ -382,7 +382,7 @@ def make_backward_config(
         k_base = -(-scatter_partitions // groups)
 
     # SBUF: as many blocks per super-tile as fit
-    budget = sbuf_budget - SBUF_FIT_RESERVE
+    budget = sbuf_budget
     blocks = MAX_BLOCKS_PER_TILE
     while True:
         tiles = _sbuf_tiles(problem, value_dtype, blocks, method, gather_columns, channel_chunks,
@@ -394,8 +394,8 @@ def make_backward_config(
             break
         blocks //= 2
     if used > budget:
-        raise ValueError(f"SBUF: the backward tiles need {used} bytes per partition, over the budget "
-                         f"{budget} (N_p = {n_p}, C_h = {c_h}, value dtype {value_dtype})")
+        raise ValueError(f"SBUF: the backward tiles need {used:,} bytes per partition, over the budget "
+                         f"{budget:,} (N_p = {n_p}, C_h = {c_h}, value dtype {value_dtype})")
     return BackwardConfig(
         problem=problem, lnc=lnc, value_itemsize=itemsize, groups=groups,
         queries_per_block=queries_per_block, partitions_per_block=queries_per_block * groups,

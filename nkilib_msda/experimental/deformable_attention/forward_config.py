@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from nkilib_msda.experimental.kernel_commons import (
-    FP32_EXACT_INT_MAX, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES)
+    DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
+    PSUM_BYTES)
 from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.validation import MSDAProblem
 
@@ -50,12 +51,9 @@ __all__ = [
     "MAX_Q_PACK", "PSUM_BANK_BYTES", "PSUM_BYTES", "TRANSPOSE_MAX_CHANNELS",
 ]
 
-# trn2: 224 KiB per partition, minus 16 KiB dynamic-DMA scratch and 8 B (docs/kernels.md,
-# "Buffers and SBUF budgets"), minus an 8 KiB fit reserve for compiler temporaries.
-TRN2_USABLE_SBUF = 224 * 1024 - 16 * 1024 - 8
-SBUF_FIT_RESERVE = 8 * 1024
-TRN2_SBUF_BUDGET = TRN2_USABLE_SBUF - SBUF_FIT_RESERVE
-TRANSPOSE_MAX_CHANNELS = 128      # indirect dma_transpose: src.shape[-1] <= 128
+# The planners' one SBUF budget (nkilib_msda.hardware): trn2 usable SBUF minus the reserve.
+TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
+TRANSPOSE_MAX_CHANNELS = DMA_TRANSPOSE_MAX_FREE  # indirect dma_transpose: src.shape[-1] <= 128
 DEFAULT_DMA_COLS = 32             # index columns per indirect dma_transpose (4096 indices)
 MAX_Q_PACK = 8
 PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce group
@@ -324,8 +322,8 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     if not chosen:
         smallest = make(1, 1, 1, 1, 1)
         raise ValueError(
-            f"MSDA forward does not fit trn2 SBUF: even the smallest plan needs "
-            f"{smallest.sbuf_bytes} B per partition > budget {sbuf_budget} B "
+            f"MSDA forward does not fit SBUF: even the smallest plan needs "
+            f"{smallest.sbuf_bytes:,} B per partition > budget {sbuf_budget:,} B "
             f"(N_h * N_l * N_p = {problem.num_heads * problem.num_levels * problem.num_points} "
             f"samples per query, C_h = {c}); reduce N_h, N_l or N_p")
     # Grow q_pack while it fits and every core still fills whole 128-partition tiles.

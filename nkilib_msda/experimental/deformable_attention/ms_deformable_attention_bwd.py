@@ -39,7 +39,8 @@ from nkilib_msda.experimental.deformable_attention import backward_sampling as s
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
-from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier, core_info, usable_sbuf_bytes
+from nkilib_msda.experimental.kernel_commons import (PARTITIONS, core_barrier, core_info,
+                                                     kernel_sbuf_budget)
 from nkilib_msda.validation import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
@@ -105,7 +106,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     cfg = make_backward_config(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
-        bool(compute_grad_attention_weights), usable_sbuf_bytes(), buffers_per_core)
+        bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core)
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
     kernel = _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights,

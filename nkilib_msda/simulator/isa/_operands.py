@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator import access
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import cast_values, float32, int32, uint32
@@ -219,8 +220,8 @@ class ReduceRegisters:
     with a mask of the lanes that were reset/loaded (their contents are otherwise undefined)."""
 
     def __init__(self) -> None:
-        self.values = np.zeros(128, dtype=np.float32)
-        self.valid = np.zeros(128, dtype=bool)
+        self.values = np.zeros(_PARTITIONS, dtype=np.float32)
+        self.valid = np.zeros(_PARTITIONS, dtype=bool)
 
     def reset(self, num_partitions: int, value: Any) -> None:
         self.values[:num_partitions] = value

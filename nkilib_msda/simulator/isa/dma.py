@@ -40,6 +40,8 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
+from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE as _TRANSPOSE_MAX_FREE
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator.access import (may_overlap, read, read_raw, report_hazard, store,
                                           write_raw)
 from nkilib_msda.simulator.alu import NkiOp
@@ -352,8 +354,20 @@ def _direction(src_sides: Sequence[str], dst_side: str) -> str:
     return f"{src}_to_{dst_side}"
 
 
+def _queue(dge: Enum, eng: Enum = _engine.unknown) -> str | None:
+    """Where the timing model issues a DMA: hardware DGE driven by Sync ("sync") or Scalar
+    ("act"), software DGE on GpSimd ("swdge"); None (dge_mode unknown or none) lets the model
+    choose by the DMA's kind (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/
+    deep-dives/nki-dge.html)."""
+    if dge is _dge_mode.swdge:
+        return "swdge"
+    if dge is _dge_mode.hwdge:
+        return "act" if eng in (_engine.scalar, _engine.activation) else "sync"
+    return None
+
+
 def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, elements: int,
-             direction: str | None = None) -> None:
+             direction: str | None = None, queue: str | None = None) -> None:
     """Record one DMA; a read-modify-write lists its destination among ``srcs`` so the HBM
     read is counted, and passes the data-flow ``direction`` explicitly."""
     hbm = sum(elements * s.itemsize for s in srcs if s.side == "hbm")
@@ -364,7 +378,8 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
     skipped = sum(op.skipped_rows for op in (*srcs, dst) if op.kind != "static")
     direction = direction or _direction([s.side for s in srcs], dst.side)
     current().report.add_dma(opcode, kind, direction,
-                             elements, elements * dst.itemsize, hbm, descriptors, skipped)
+                             elements, elements * dst.itemsize, hbm, descriptors, skipped,
+                             queue=queue)
 
 
 # -- dma_copy ----------------------------------------------------------------------------------------
@@ -384,8 +399,8 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
     """``dst = src`` (equal element counts, row-major pairing) between HBM and SBUF.
 
     Parameter order as the NKI 0.8 API (``priority`` third); ``priority`` (DMA quality of service,
-    0 highest to 3 lowest, NeuronCore-v4) is checked and otherwise has no effect here: the
-    emulator models no timing.
+    0 highest to 3 lowest, NeuronCore-v4) is checked and otherwise has no effect here (the
+    timing model does not model DMA priorities).
 
     Gather: ``src=hbm.ap(..., vector_offset=idx)`` (row ``idx[p]`` -> partition p).
     Scatter: ``dst=hbm.ap(..., vector_offset=idx)``. Different dtypes cast via fp32.
@@ -426,7 +441,7 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
         # Static views move through NumPy strides (no address arrays); same elements.
         values = read(src, ins).reshape(-1)
         store(dst, _convert(values, s.dtype, d.dtype), ins)
-        _account(ins, "direct", [s], d, int(values.size))
+        _account(ins, "direct", [s], d, int(values.size), queue=_queue(dge, eng))
         return
     mask = _transfer_mask(s, d)
     s_addr, d_addr = s.index(mask), d.index(mask)
@@ -435,7 +450,7 @@ def dma_copy(dst: Any, src: Any, priority: int | None = None, oob_mode: Any = _o
     write_raw(d.storage, d_addr, values, d.dtype, ins)
     kind = "indirect_scatter" if isinstance(dst, IndirectAccess) else (
         "indirect_gather" if isinstance(src, IndirectAccess) else "direct")
-    _account(ins, kind, [s], d, int(values.size))
+    _account(ins, kind, [s], d, int(values.size), queue=_queue(dge, eng))
 
 
 # -- dma_transpose -------------------------------------------------------------------------------
@@ -446,10 +461,10 @@ def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
     if idx.ndim != 2:
         raise nki_error(ins, "index shape", f"indices must be 2-D, got {idx.shape}")
     p, m = idx.shape
-    if not (16 <= p <= 128 and p % 16 == 0):
+    if not (16 <= p <= _PARTITIONS and p % 16 == 0):
         raise nki_error(ins, "index shape",
                         f"indices.shape[0] must be a multiple of 16 in [16, 128], got {p}")
-    if m > 1 and p != 128:
+    if m > 1 and p != _PARTITIONS:
         raise nki_error(ins, "index shape",
                         f"indices with {m} > 1 columns need 128 partitions, got {p}")
     rows = acc.shape[0]
@@ -508,13 +523,15 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = N
             raise nki_error(ins, "hwdge shape",
                             f"3-D/4-D HWDGE transpose needs src.shape[0] in {{1,2,4,8,16}} and "
                             f"(shape[0]*shape[-2]) % 16 == 0, got {src.shape}")
-        if src.shape[-1] > 128:
-            raise nki_error(ins, "hwdge shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+        if src.shape[-1] > _TRANSPOSE_MAX_FREE:
+            raise nki_error(ins, "hwdge shape", f"src.shape[-1] must be <= {_TRANSPOSE_MAX_FREE}, "
+                                                f"got {src.shape[-1]}")
     if indirect:
         if dge is _dge_mode.none:
             raise nki_error(ins, "indirection requires swdge", "dge_mode=none cannot do indirection")
-        if src.shape[-1] > 128:
-            raise nki_error(ins, "indirect shape", f"src.shape[-1] must be <= 128, got {src.shape[-1]}")
+        if src.shape[-1] > _TRANSPOSE_MAX_FREE:
+            raise nki_error(ins, "indirect shape", f"src.shape[-1] must be <= {_TRANSPOSE_MAX_FREE}, "
+                                                   f"got {src.shape[-1]}")
         if src.shape[0] % 16:
             raise nki_error(ins, "indirect shape",
                             f"src.shape[0] must be a multiple of 16, got {src.shape[0]}")
@@ -532,7 +549,8 @@ def dma_transpose(dst: Any, src: Any, axes: Any = None, priority: int | None = N
         src_addr, d_addr = src_addr[keep], d.index(keep)
     values = read_raw(s.storage, src_addr, s.dtype, ins, src.name)
     write_raw(d.storage, d_addr, values, d.dtype, ins)
-    _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size))
+    _account(ins, "indirect_transpose" if indirect else "transpose", [s], d, int(src_addr.size),
+             queue=_queue(dge))
 
 
 # -- dma_compute -----------------------------------------------------------------------------------

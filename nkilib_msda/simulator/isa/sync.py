@@ -54,6 +54,8 @@ def lnc_core_barrier(data: Any, cores: Any, engine: Any = _engine.gpsimd,
     as_enum(engine, _engine, "engine", ins)
     ctx.report.add_instruction("sync", "core_barrier", 0)
     if ctx.num_programs > 1:
+        if ctx.timeline is not None:
+            ctx.timeline.barrier(ctx.program_id)  # before the hand-over: see Timeline.barrier
         ctx.shared.scheduler.barrier(ctx.program_id, ins)
         ctx.barrier_phase += 1  # orders this program's shared-HBM accesses (access.py races)
 
@@ -90,6 +92,8 @@ def _exchange(ins: str, src: Any, dst: Any, send_to_rank: Any, recv_from_rank: A
     box = ctx.shared.mailbox
     box[(seq, me)] = (to, read(src, ins))
     ctx.report.add_instruction("dma", ins, src.size)
+    if ctx.timeline is not None:
+        ctx.timeline.barrier(me)  # a rendezvous of the two cores, timed as a barrier
     ctx.shared.scheduler.barrier(me, ins)
     posted = box.get((seq, frm))
     if posted is None or posted[0] != me:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from nkilib_msda.hardware import PE_ARRAY_SIZE as _PE_ARRAY_SIZE
 from nkilib_msda.simulator import access
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2,
@@ -30,8 +31,8 @@ from nkilib_msda.simulator.isa.enums import as_enum, matmul_perf_mode
 
 __all__ = ["nc_matmul", "nc_transpose"]
 
-_PE_MAX_PARTITIONS = 128
-_PE_MAX_STATIONARY_FREE = 128
+_PE_MAX_PARTITIONS = _PE_ARRAY_SIZE
+_PE_MAX_STATIONARY_FREE = _PE_ARRAY_SIZE
 _VECTOR_TRANSPOSE_MAX = 32
 _FP32_FAMILY = (float32, tfloat32)
 
@@ -84,7 +85,7 @@ def _check_tiling(instr: str, tile_position: Any, tile_size: Any, k: int, m: int
     rows, cols = (int(v) for v in tile_size)
     start_row, start_col = (int(v) for v in tile_position)
     for what, size, start in (("row", rows, start_row), ("column", cols, start_col)):
-        if size not in (32, 64, 128) or start % size or not 0 <= start < 128:
+        if size not in (32, 64, _PE_ARRAY_SIZE) or start % size or not 0 <= start < _PE_ARRAY_SIZE:
             raise nki_error(instr, "tiling mode",
                             f"{what} tile size {size} / start {start}: sizes are 32, 64 or 128 "
                             "and starts multiples of the size below 128")

@@ -1,0 +1,136 @@
+"""Timing model: each modelled instruction group, run in a kernel, costs what its documented
+formula says (trn2; N = 512 elements per partition on 128 partitions unless stated)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from _core_helpers import in_kernel, load, store
+from nkilib_msda.simulator import nisa, nl
+
+RNG = np.random.default_rng(7)
+OVERHEAD = 64  # nominal compute_overhead_cycles
+BF16 = ml_dtypes.bfloat16
+
+
+def _busy(body, *arrays):
+    *_, report = in_kernel(body, *arrays, report=True)
+    assert report.timing.params["compute_overhead_cycles"] == OVERHEAD
+    return report.timing.engine_busy_us
+
+
+def _x(shape=(128, 512), dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _to_psum(t):
+    p = nl.ndarray(t.shape, t.dtype, buffer=nl.psum)
+    nisa.tensor_copy(dst=p, src=t)
+    return p
+
+
+def test_tensor_tensor_sbuf_2n_psum_n():
+    def sbuf(ha, hb):
+        a, b = load(ha), load(hb)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=out, data1=a, data2=b, op=nl.add)
+        return store(out)
+
+    def psum(ha, hb, with_tt=True):
+        a, b = load(ha)[:, 0:256], load(hb)[:, 0:256]  # one 2 KiB PSUM bank of fp32
+        pa = _to_psum(a)
+        out = nl.ndarray(b.shape, b.dtype, buffer=nl.sbuf)
+        if with_tt:
+            nisa.tensor_tensor(dst=out, data1=pa, data2=b, op=nl.add)
+        else:
+            nisa.tensor_copy(dst=out, src=b)
+        return store(out)
+
+    x, y = _x(), _x()
+    assert _busy(sbuf, x, y)["vector"] * 1e3 == pytest.approx((2 * 512 + OVERHEAD) / 0.96)
+    with_psum = _busy(psum, x, y)["vector"]
+    copy_only = _busy(lambda a, b: psum(a, b, with_tt=False), x, y)["vector"]
+    tt = (with_psum - copy_only) * 1e3 + (256 + OVERHEAD) / 0.96  # minus the copy it replaced
+    assert tt == pytest.approx((256 + OVERHEAD) / 0.96)  # N: one input in PSUM
+
+
+@pytest.mark.parametrize("dtype, cycles", [(np.float32, 512), (BF16, 512 / 4)])
+def test_tensor_copy_perf_mode(dtype, cycles):
+    def body(h):
+        a = load(h)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out, src=a)
+        return store(out)
+
+    busy = _busy(body, _x(dtype=dtype))["vector"] * 1e3
+    assert busy == pytest.approx((max(64, cycles) + OVERHEAD) / 0.96)
+
+
+def test_scalar_activation_n_at_1_2_ghz():
+    def body(h):
+        a = load(h)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=out, op=nl.exp, data=a)
+        return store(out)
+
+    assert _busy(body, _x())["scalar"] * 1e3 == pytest.approx((512 + OVERHEAD) / 1.2)
+
+
+def test_gpsimd_iota_150_plus_n():
+    def body(h):
+        out = nl.ndarray((128, 512), nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=out, pattern=[[1, 512]], offset=0)
+        return store(out)
+
+    assert _busy(body, _x())["gpsimd"] * 1e3 == pytest.approx((150 + 512 + OVERHEAD) / 1.2)
+
+
+def test_matmul_and_pe_transpose_on_the_tensor_engine():
+    def matmul(hs, hm):
+        s, m = load(hs), load(hm)
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=out, stationary=s, moving=m)
+        return store(_sbuf(out))
+
+    def transpose(h):
+        a = load(h)
+        out = nl.ndarray((64, 128), a.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=out, data=a)
+        return store(_sbuf(out))
+
+    def _sbuf(p):
+        s = nl.ndarray(p.shape, p.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=p)
+        return s
+
+    bf = _busy(matmul, _x((128, 128), BF16), _x((128, 512), BF16))["tensor"] * 1e3
+    assert bf == pytest.approx(512 / 2.4)  # max(min(64, 128), 512) cycles at 2.4 GHz
+    f32 = _busy(matmul, _x((128, 128)), _x((128, 512)))["tensor"] * 1e3
+    assert f32 == pytest.approx(4 * 512 / 2.4)  # fp32: 4x
+    tr = _busy(transpose, _x((128, 64), BF16))["tensor"] * 1e3
+    assert tr == pytest.approx(128 / 2.4)  # max(P, min(64, F)) = max(128, 64)
+
+
+def test_hwdge_dma_costs_600_ns_on_its_queue_and_swdge_charges_gpsimd():
+    def hwdge(h):
+        t = nl.ndarray(h.shape, h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=h, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+        return store(t)
+
+    busy = _busy(hwdge, _x())
+    assert busy["queue_act"] * 1e3 == pytest.approx(600.0)
+
+    def gather(h, hi):
+        idx = load(hi)
+        t = nl.ndarray((128, 64), h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=h.ap([[64, 128], [1, 64]], offset=0, vector_offset=idx,
+                                      indirect_dim=0))
+        return store(t)
+
+    table = _x((1000, 64))
+    rows = RNG.integers(0, 1000, (128, 1)).astype(np.uint32)
+    busy = _busy(gather, table, rows)
+    # software DGE on GpSimd: swdge_fixed_ns + 128 descriptors x swdge_descriptor_ns
+    assert busy["gpsimd"] * 1e3 == pytest.approx(300.0 + 128 * 2.0)

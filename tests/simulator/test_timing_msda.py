@@ -1,0 +1,32 @@
+"""Timing model on our MSDA kernels (small shapes): the modelled time scales with N_q."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nkilib_msda.check import run_backward, run_forward
+from nkilib_msda.inputs import PRESETS, make_grad_output, make_inputs
+
+CASE = replace(PRESETS["tiny"], num_queries=256)
+
+
+def _work_us(report):
+    t = report.timing
+    assert t.low_us <= t.estimate_us <= t.high_us
+    return t.estimate_us - t.params["launch_floor_us"]
+
+
+def test_doubling_queries_roughly_doubles_the_forward_time():
+    small = _work_us(run_forward(make_inputs(CASE, seed=1))[1])
+    large = _work_us(run_forward(make_inputs(replace(CASE, num_queries=512), seed=1))[1])
+    assert large / small == pytest.approx(2.0, rel=0.2)
+
+
+def test_doubling_queries_roughly_doubles_the_backward_time():
+    def work(case):
+        args = make_inputs(case, seed=2)
+        return _work_us(run_backward(make_grad_output(case, seed=2), args)[1])
+
+    assert work(replace(CASE, num_queries=512)) / work(CASE) == pytest.approx(2.0, rel=0.25)
