@@ -1,6 +1,6 @@
 """A/B timing of the Triton kernels against a baseline copy of ``triton_kernels``, in one run.
 
-    python benchmarks/kernel_ab.py --baseline DIR [--shapes ddetr_dec,ddetr_enc,bev_sca]
+    python benchmarks/kernel_ab.py --baseline DIR [--shapes ddetr-decoder,ddetr-encoder,bevformer-sca]
         [--dtypes float32,bfloat16] [--rounds 3] [--compile-only]
 
 DIR holds the baseline's ``sampling.py``, ``forward.py`` and ``backward.py`` (for example
@@ -116,13 +116,13 @@ def run(args) -> int:
     import triton.testing
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, make_inputs
+    from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name
     from nkilib_msda.validation import validate_msda_args
 
     baseline = load_baseline(args.baseline)
     rows = []
-    for shape_name in args.shapes.split(","):
-        shape = SHAPES[shape_name]
+    for name in args.shapes.split(","):
+        shape = SHAPES[shape_name(name)]
         for dtype_name in args.dtypes.split(","):
             inputs = make_inputs(shape, getattr(torch, dtype_name), seed=0)
             problem = validate_msda_args(inputs[0], shape.levels, None, inputs[1], inputs[2])
@@ -136,7 +136,7 @@ def run(args) -> int:
                     launch(*results[name])
                 torch.cuda.synchronize()
                 if args.compile_only:
-                    print(f"compiled {shape_name} {dtype_name} {label}", flush=True)
+                    print(f"compiled {shape.name} {dtype_name} {label}", flush=True)
                     continue
                 agreement = compare(results["new"], results["base"], outputs)
                 medians: dict = {"new": [], "base": []}
@@ -147,7 +147,7 @@ def run(args) -> int:
                         medians[name].append(1e3 * triton.testing.do_bench(
                             lambda: launch(*tensors), warmup=args.warmup, rep=args.rep,
                             return_mode="median"))
-                row = (shape_name, dtype_name, label, medians["base"], medians["new"], agreement)
+                row = (shape.name, dtype_name, label, medians["base"], medians["new"], agreement)
                 rows.append(row)
                 print(format_row(row), flush=True)
     if rows:
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="folder with the baseline's kernels")
-    parser.add_argument("--shapes", default="ddetr_dec,ddetr_enc,bev_sca")
+    parser.add_argument("--shapes", default="ddetr-decoder,ddetr-encoder,bevformer-sca")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
