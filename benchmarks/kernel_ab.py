@@ -1,7 +1,7 @@
 """A/B timing of the Triton kernels against a baseline copy of ``triton_kernels``, in one run.
 
     python benchmarks/kernel_ab.py --baseline DIR [--shapes ddetr-decoder,ddetr-encoder,bevformer-sca]
-        [--dtypes float32,bfloat16] [--rounds 3] [--compile-only]
+        [--dtypes float32,bfloat16] [--rounds 3] [--compile-only | --sass]
 
 DIR holds the baseline's ``sampling.py``, ``forward.py`` and ``backward.py`` (for example
 ``git show REV:nkilib_msda/backends/triton_kernels/forward.py > DIR/forward.py``); they are
@@ -14,6 +14,9 @@ alternating for ``--rounds`` rounds; the spread of a version's round medians is 
 Outputs are compared first: bitwise for the forward, grad_loc, grad_attn and the
 deterministic entries; relative L2 for the atomically accumulated grad_value.
 ``--compile-only`` launches each kernel once (fills Triton's cache, e.g. in parallel shards).
+``--sass`` needs no GPU: it compiles both versions of each kernel for sm_90 with the installed
+Triton (as ``reduction_sass.py``) and compares their SASS: identical, identical but for
+register numbers, or the number of changed lines and the per-opcode count differences.
 """
 
 from __future__ import annotations
@@ -111,6 +114,65 @@ def compare(new, old, indices) -> str:
     return ", ".join(diffs) or "bitwise"
 
 
+def _sass_lines(kernel, kwargs, io_type) -> list:
+    from benchmarks.reduction_sass import compile_for_sm90, sass_of
+
+    text = sass_of(compile_for_sm90(kernel, kwargs, io_type))
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", text)]
+
+
+def compare_sass(args) -> int:
+    """Old vs new SASS of every kernel variant the default plans launch, without a GPU."""
+    import difflib
+    from collections import Counter
+
+    import torch
+
+    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.bench_gpu import SHAPES, shape_name
+    from nkilib_msda.validation import validate_msda_args
+
+    baseline = load_baseline(args.baseline)
+    differ = 0
+    for name in args.shapes.split(","):
+        shape = SHAPES[shape_name(name)]
+        dims = (shape.batch, shape.num_queries, shape.heads, len(shape.levels), shape.points)
+        value = torch.empty(shape.batch, shape.pixels, shape.heads, shape.channels, device="meta")
+        problem = validate_msda_args(value, shape.levels, None,
+                                     torch.empty(*dims, 2, device="meta"),
+                                     torch.empty(*dims, device="meta"))
+        for dtype_name in args.dtypes.split(","):
+            plan = tb.plan_launch(problem, dtype_name)
+            variants = [(f"fwd-{k}", tb._forward_launch(problem, tb.with_configs(
+                plan, forward_kernel=k))) for k in ("points", "samples")]
+            variants += [(f"bwd-{k}", tb._backward_launch(problem, tb.with_configs(
+                plan, backward_kernel=k), (True, True, True), False)) for k in ("samples", "points")]
+            variants.append(("bwd-deterministic",
+                             tb._backward_launch(problem, plan, (True, True, True), True)))
+            io_type = "fp32" if dtype_name == "float32" else "bf16"
+            for label, (kernel, _grid, _scalars, kwargs) in variants:
+                new = _sass_lines(kernel, kwargs, io_type)
+                old = _sass_lines(_baseline_kernel(baseline, kernel), kwargs, io_type)
+                registers = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
+                if new == old:
+                    verdict = "identical"
+                elif [registers.sub("R", x) for x in new] == [registers.sub("R", x) for x in old]:
+                    verdict = "identical but for register numbers"
+                else:
+                    changed = sum(1 for x in difflib.unified_diff(old, new, n=0)
+                                  if x[:1] in "+-" and x[:3] not in ("+++", "---"))
+                    count_new = Counter(x.split()[0] for x in new)
+                    count_old = Counter(x.split()[0] for x in old)
+                    delta = {k: count_new[k] - count_old[k] for k in count_new | count_old
+                             if count_new[k] != count_old[k]}
+                    verdict = f"{changed} lines changed, opcode counts {delta or 'equal'}"
+                    differ += 1
+                print(f"| {shape.name} | {dtype_name} | {label} | {len(old)} | {len(new)} | "
+                      f"{verdict} |", flush=True)
+    print(f"kernels whose SASS differs beyond register numbers: {differ}")
+    return 0
+
+
 def run(args) -> int:
     import torch
     import triton.testing
@@ -175,7 +237,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     parser.add_argument("--compile-only", action="store_true")
-    return run(parser.parse_args(argv))
+    parser.add_argument("--sass", action="store_true", help="compare sm_90 SASS (no GPU)")
+    args = parser.parse_args(argv)
+    return compare_sass(args) if args.sass else run(args)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def msda_backward_kernel(
             v = tl.load(loc_ptr + loc_offset + y_offset + lp * LOC_STEP).to(tl.float32)
             a = tl.load(attn_ptr + sample + lp).to(tl.float32)
             rows, masks, w, fx, fy, sx, sy = bilinear_corners(
-                u, v, width, height, start, 1.0, True, ALIGN_CORNERS, BORDER, INDEX64)
+                u, v, width, height, start, 1.0, True, ALIGN_CORNERS, BORDER, INDEX64, True)
 
             if NEED_DOTS:
                 d = _corner_dots(value_base, rows, masks, g, ch[None, :], c_mask[None, :],
@@ -225,7 +225,7 @@ def msda_backward_samples_kernel(
 
     rows, masks, w, fx, fy, sx, sy = bilinear_corners(
         u, v, width[None, :], height[None, :], start[None, :], 1.0, store_mask, ALIGN_CORNERS,
-        BORDER, INDEX64)  # tail queries and padded samples: every corner masked
+        BORDER, INDEX64, True)  # tail queries and padded samples: every corner masked
     chan = ch[None, None, :]
     cm = c_mask[None, None, :]
 

@@ -51,7 +51,7 @@ def msda_forward_kernel(
             v = tl.load(loc_y + lp * LOC_STEP).to(tl.float32)
             a = tl.load(attn_ptr + sample + lp).to(tl.float32)
             rows, masks, weights, _fx, _fy, _sx, _sy = bilinear_corners(
-                u, v, width, height, start, a, True, ALIGN_CORNERS, BORDER, INDEX64)
+                u, v, width, height, start, a, True, ALIGN_CORNERS, BORDER, INDEX64, False)
             corners = load_corners(value_base, rows, masks, ch[None, :], c_mask[None, :],
                                    ROW_STRIDE)
             for c in tl.static_range(4):
@@ -87,7 +87,7 @@ def msda_forward_samples_kernel(
 
     rows, masks, weights, _fx, _fy, _sx, _sy = bilinear_corners(
         u, v, width[None, :], height[None, :], start[None, :], a, s_mask[None, :], ALIGN_CORNERS,
-        BORDER, INDEX64)  # padded samples: every corner masked
+        BORDER, INDEX64, False)  # padded samples: every corner masked
     corners = load_corners(value_base, rows, masks, ch[None, None, :], c_mask[None, None, :],
                            ROW_STRIDE)
     total = weights[0][:, :, None] * corners[0].to(tl.float32)
