@@ -22,7 +22,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def _timer(smoke: bool):
@@ -60,8 +59,8 @@ def run(name: str, dtype_name: str, smoke: bool, bench) -> None:
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, BenchShape, make_inputs, shape_name
-    from nkilib_msda.validation import validate_msda_args
+    from bench_gpu import SHAPES, BenchShape, make_inputs, shape_name
+    from nkilib_msda.validation.msda import validate_msda_args
 
     if smoke:
         shape = BenchShape("smoke", 1, 40, ((9, 11), (5, 6), (3, 3)), 2, heads=2, channels=8)

@@ -16,8 +16,8 @@ import time
 import torch
 
 from nkilib_msda.backends import triton_backend as tb
-from nkilib_msda.grid_sample_reference import msda_grid_sample_with_grads, relative_l2
-from nkilib_msda.validation import validate_msda_args
+from nkilib_msda.reference.grid_sample import msda_grid_sample_with_grads, relative_l2
+from nkilib_msda.validation.msda import validate_msda_args
 from nkilib_msda.workloads import DDETR_LEVELS
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -207,7 +207,7 @@ def check_encoder_bf16():
                                       spread=1.0)
     problem = validate_msda_args(value, shapes, None, loc, attn)
     out = tb.msda_forward(value, problem, loc, attn)
-    from nkilib_msda.grid_sample_reference import msda_grid_sample
+    from nkilib_msda.reference.grid_sample import msda_grid_sample
     ref = msda_grid_sample(value.double(), shapes, loc.double(), attn.double())
     err = relative_l2(out, ref)
     rows = [("ddetr_enc forward (<= 2e-3)", "bfloat16", [err], err <= 2e-3)]

@@ -67,7 +67,7 @@ def _cases():
     import nkilib_msda
     from nkilib_msda.backends import reference_torch
     from nkilib_msda.pytorch import ops  # noqa: F401 - registers torch.ops.nkilib_msda
-    from nkilib_msda.validation import validate_msda_args
+    from nkilib_msda.validation.msda import validate_msda_args
 
     torch.manual_seed(0)
     length = sum(h * w for h, w in SHAPES)

@@ -12,18 +12,15 @@ and the public function with autograd. Ends with a markdown table.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
 
-import torch  # noqa: E402
-
-import nkilib_msda  # noqa: E402
-from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name  # noqa: E402
-from nkilib_msda.pytorch.problem_cache import validated_problem  # noqa: E402
+import nkilib_msda
+from bench_gpu import SHAPES, make_inputs, shape_name
+from nkilib_msda.backends import triton_backend as tb
+from nkilib_msda.pytorch.problem_cache import validated_problem
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -115,7 +115,7 @@ def compare(new, old, indices) -> str:
 
 
 def _sass_lines(kernel, kwargs, io_type) -> list:
-    from benchmarks.reduction_sass import compile_for_sm90, sass_of
+    from reduction_sass import compile_for_sm90, sass_of
 
     text = sass_of(compile_for_sm90(kernel, kwargs, io_type))
     return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", text)]
@@ -129,8 +129,8 @@ def compare_sass(args) -> int:
     import torch
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, shape_name
-    from nkilib_msda.validation import validate_msda_args
+    from bench_gpu import SHAPES, shape_name
+    from nkilib_msda.validation.msda import validate_msda_args
 
     baseline = load_baseline(args.baseline)
     differ = 0
@@ -178,8 +178,8 @@ def run(args) -> int:
     import triton.testing
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name
-    from nkilib_msda.validation import validate_msda_args
+    from bench_gpu import SHAPES, make_inputs, shape_name
+    from nkilib_msda.validation.msda import validate_msda_args
 
     baseline = load_baseline(args.baseline)
     rows = []

@@ -18,13 +18,13 @@ import numpy as np
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
-from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config  # noqa: E402
+from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward  # noqa: E402
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (  # noqa: E402
     ms_deformable_attention_bwd)
 from nkilib_msda.workloads import (  # noqa: E402
     PRESETS, MSDACase, make_inputs, numpy_dtype)
 from nkilib_msda.simulator import simulate  # noqa: E402
-from nkilib_msda.validation import validate_msda_args  # noqa: E402
+from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 
 LNC = 2
 CASES = [
@@ -62,7 +62,7 @@ def measure(case: MSDACase, knobs: dict) -> dict:
     problem = validate_msda_args(args["value"], args["spatial_shapes"], args["level_start_index"],
                                  args["sampling_locations"], args["attention_weights"], args["value_layout"],
                                  args["sampling_locations_layout"], args["align_corners"], args["padding_mode"])
-    cfg = make_backward_config(problem, case.value_dtype, LNC, **{k: v for k, v in knobs.items()})
+    cfg = plan_backward(problem, case.value_dtype, LNC, **{k: v for k, v in knobs.items()})
     samples = problem.num_samples
     buffer_bytes = cfg.scratch_hbm_bytes  # every set, batch and core: zeroed once (HBM writes)
     reduce_bytes = sum(s.hbm_bytes for (k, _), s in report.dma.items() if k == "compute")  # buffers read once

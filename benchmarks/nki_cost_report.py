@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/nki_cost_report.py [--lnc 2] > table.md
 
-For each shape and gather method it runs the kernel in the simulator with ``report=True``,
+For each shape and gather method it runs the kernel in the emulator with ``report=True``,
 checks the output against the float64 reference, and prints a markdown table with
 - indirect descriptors per sampled point (B * N_q * N_h * N_l * N_p) and bytes per descriptor,
 - HBM bytes of the parameter loads and the output store versus their compulsory size,
@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
-    forward_config_for, ms_deformable_attention)
+    plan_forward_from_args, ms_deformable_attention)
 from nkilib_msda.workloads import S4, MSDACase, make_inputs
 from nkilib_msda.reference import ms_deformable_attention_ref
 from nkilib_msda.simulator import simulate
@@ -33,7 +33,7 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 def measure(case: MSDACase, gather: str, lnc: int) -> dict:
     args = make_inputs(case)
-    cfg = forward_config_for(**args, gather_method=gather, lnc=lnc)
+    cfg = plan_forward_from_args(**args, gather_method=gather, lnc=lnc)
     start = time.perf_counter()
     out, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(
         **args, gather_method=gather)

@@ -5,16 +5,12 @@
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
 
-import torch  # noqa: E402
-
-from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.bench_gpu import SHAPES, make_inputs, shape_name  # noqa: E402
-from nkilib_msda.validation import validate_msda_args  # noqa: E402
+from bench_gpu import SHAPES, make_inputs, shape_name
+from nkilib_msda.backends import triton_backend as tb
+from nkilib_msda.validation.msda import validate_msda_args
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shape", default="ddetr-encoder", type=shape_name, choices=list(SHAPES))

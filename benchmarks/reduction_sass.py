@@ -20,7 +20,6 @@ import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 _POINTER_ARGS = {"grad_out_ptr": "io", "value_ptr": "io", "loc_ptr": "io", "attn_ptr": "io",
                  "shapes_ptr": "i32", "starts_ptr": "i32", "grad_value_ptr": "fp32",
@@ -61,8 +60,8 @@ def main(argv=None) -> int:
     import triton
 
     from nkilib_msda.backends import triton_backend as tb
-    from nkilib_msda.bench_gpu import SHAPES, shape_name
-    from nkilib_msda.validation import MSDAProblem
+    from bench_gpu import SHAPES, shape_name
+    from nkilib_msda.validation.msda import MSDAProblem
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,7 +3,7 @@
 Runs on CPU in seconds (a tiny random model, nothing downloaded):
 
     python examples/hf_deformable_detr_swap.py --steps 2
-    python examples/hf_deformable_detr_swap.py --backend nki   # NKI kernels in the simulator
+    python examples/hf_deformable_detr_swap.py --backend nki   # NKI kernels in the emulator
 
 Needs the ``hf`` extra (transformers, scipy, pillow).
 """

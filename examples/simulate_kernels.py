@@ -1,6 +1,6 @@
-"""Run the NKI MSDA forward and backward kernels in the CPU simulator and check them.
+"""Run the NKI MSDA forward and backward kernels in the CPU emulator and check them.
 
-No Neuron SDK and no torch needed: NumPy arrays go in, the simulator executes the ``@nki.jit``
+No Neuron SDK and no torch needed: NumPy arrays go in, the emulator executes the ``@nki.jit``
 kernels instruction by instruction (enforcing the NKI rules), and the results are compared with
 the float64 NumPy reference on the same rounded inputs. The cost report lists instructions and
 elements per engine, DMA bytes/descriptors and peak SBUF/PSUM use.

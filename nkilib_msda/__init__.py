@@ -21,6 +21,8 @@ _LAZY = {
     "MultiScaleDeformableAttention": "nkilib_msda.pytorch.modules",
     "patch_transformers_model": "nkilib_msda.pytorch.hf",
     "register_hf_kernels": "nkilib_msda.pytorch.hf_kernels",
+    "block_attn_res": "nkilib_msda.pytorch.block_attn_res_ops",
+    "block_attn_res_backward": "nkilib_msda.pytorch.block_attn_res_ops",
 }
 
 __all__ = ["__version__", *_LAZY]

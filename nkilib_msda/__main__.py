@@ -1,3 +1,3 @@
-from nkilib_msda.cli import main
+from nkilib_msda.tools.cli import main
 
 raise SystemExit(main())

@@ -21,11 +21,13 @@ This module imports nothing from the package, so any module (the emulator includ
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 __all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
-           "read_env", "validate_environment", "env_table_markdown", "match_word", "env_flag",
+           "RENAMED_FROM", "read_env", "validate_environment", "env_table_markdown", "match_word",
+           "env_flag",
            "env_choice", "check_optional_bool"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -48,8 +50,23 @@ def match_word(name: str, value: Any, choices: Sequence[str]) -> str:
     raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
 
 
+# Renamed variables, new name -> old name: when only the old one is set it is still read,
+# with a DeprecationWarning ("emulator" is the package's one word for its NKI emulator).
+RENAMED_FROM = {"NKILIB_MSDA_EMULATOR_STRICT": "NKILIB_MSDA_SIM_STRICT"}
+
+
 def _raw(name: str) -> str:
     return os.environ.get(name, "").strip()
+
+
+def _lookup(name: str) -> tuple[str, str]:
+    """(the variable actually read, its stripped value): ``name``, or its old name."""
+    raw = _raw(name)
+    old = RENAMED_FROM.get(name)
+    if not raw and old and _raw(old):
+        warnings.warn(f"{old} is deprecated: set {name} instead", DeprecationWarning, stacklevel=4)
+        return old, _raw(old)
+    return name, raw
 
 
 def env_flag(name: str, default: bool | None = None) -> bool | None:
@@ -57,7 +74,7 @@ def env_flag(name: str, default: bool | None = None) -> bool | None:
 
     Accepted (any case, surrounding spaces ignored): 1/true/yes/on and 0/false/no/off.
     """
-    raw = _raw(name)
+    name, raw = _lookup(name)
     if not raw:
         return default
     word = raw.lower()
@@ -73,7 +90,7 @@ def env_flag(name: str, default: bool | None = None) -> bool | None:
 def env_choice(name: str, choices: Sequence[str], default: str = "") -> str:
     """The environment variable ``name`` as one of ``choices`` (canonical spelling, any case
     accepted); ``default`` when unset or empty."""
-    raw = _raw(name)
+    name, raw = _lookup(name)
     if not raw:
         return default
     try:
@@ -108,6 +125,15 @@ def _lnc(name: str) -> int | None:
     return int(word) if word else None
 
 
+def _legacy_lnc() -> int | None:
+    """NKILIB_MSDA_SIM_LNC: still read, with a DeprecationWarning when set."""
+    degree = _lnc("NKILIB_MSDA_SIM_LNC")
+    if degree is not None:
+        warnings.warn("NKILIB_MSDA_SIM_LNC is deprecated: set NEURON_LOGICAL_NC_CONFIG instead",
+                      DeprecationWarning, stacklevel=4)
+    return degree
+
+
 _BACKENDS = ("auto", "reference", "nki", "triton")
 
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
@@ -119,16 +145,21 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "`emulator`: use the package's NKI emulator even where the Neuron `nki` is installed "
            "(read once, at import)",
            lambda: env_choice("NKILIB_MSDA_NKI", ("auto", "emulator"), default="auto")),
-    EnvVar("NKILIB_MSDA_SIM_STRICT", "on/off (default off)",
-           "emulator strict mode, see [docs/simulator.md](docs/simulator.md)",
-           lambda: env_flag("NKILIB_MSDA_SIM_STRICT", default=False)),
+    EnvVar("NKILIB_MSDA_EMULATOR_STRICT", "on/off (default off)",
+           "emulator strict mode, see [docs/emulator.md](docs/emulator.md) (the old name "
+           "`NKILIB_MSDA_SIM_STRICT` is still read, with a DeprecationWarning)",
+           lambda: env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=False)),
+    EnvVar("NKILIB_MSDA_EMULATOR_TIMING", "on/off (default on)",
+           "emulator timing model for `simulate(..., report=True)` (`report.timing`, "
+           "[docs/timing.md](docs/timing.md)); off skips recording",
+           lambda: env_flag("NKILIB_MSDA_EMULATOR_TIMING", default=True)),
     EnvVar("NEURON_LOGICAL_NC_CONFIG", "`1` (default), `2`",
            "LNC degree of every NKI launch, on Neuron devices and in the emulator; set it to the "
            "`--lnc` your graph is compiled with (neuronx-cc defaults to 2 on Trn2)",
            lambda: _lnc("NEURON_LOGICAL_NC_CONFIG"), owner="Neuron SDK"),
     EnvVar("NKILIB_MSDA_SIM_LNC", "`1`, `2`",
-           "legacy, emulator only: read when `NEURON_LOGICAL_NC_CONFIG` is unset",
-           lambda: _lnc("NKILIB_MSDA_SIM_LNC"), legacy_for="NEURON_LOGICAL_NC_CONFIG"),
+           "deprecated (DeprecationWarning when set): read when `NEURON_LOGICAL_NC_CONFIG` is unset",
+           _legacy_lnc, legacy_for="NEURON_LOGICAL_NC_CONFIG"),
     EnvVar("NEURON_PLATFORM_TARGET_OVERRIDE", "`trn2` (default), `trn3`",
            "chip the emulator models (SBUF size, Trn3-only instructions)",
            lambda: env_choice("NEURON_PLATFORM_TARGET_OVERRIDE", ("trn2", "trn3"),
@@ -145,6 +176,14 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TRITON_INTERPRET", "`1` to enable",
            "Triton's CPU interpreter: the triton backend runs on CPU tensors (tests only)",
            lambda: _external_flag("TRITON_INTERPRET"), owner="Triton"),
+    EnvVar("USE_HUB_KERNELS", "transformers' switch (default on)",
+           "`0`/`no`/`false`/`off`: transformers' kernel-hub hook is off, so `register_hf_kernels` "
+           "warns that `kernels.kernelize` will not swap in nkilib_msda",
+           lambda: _raw("USE_HUB_KERNELS"), owner="transformers"),
+    EnvVar("DISABLE_KERNEL_MAPPING", "the `kernels` package's switch (default unset)",
+           "set (not `0`): `kernels.kernelize` keeps every original forward, so "
+           "`register_hf_kernels` warns",
+           lambda: _raw("DISABLE_KERNEL_MAPPING"), owner="kernels"),
 )}
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 __all__ = ["register_torch_ops_when_available", "OPS_MODULES"]
 
-OPS_MODULES = ("nkilib_msda.pytorch.ops", "nkilib_msda.pytorch.block_attn_res")
+OPS_MODULES = ("nkilib_msda.pytorch.ops", "nkilib_msda.pytorch.block_attn_res_ops")
 
 
 def _register() -> None:

@@ -4,8 +4,8 @@ One home for the facts that tests, benchmarks, ``nkilib-msda check`` and ``nkili
 share:
 
 - :data:`PRESETS`: named problem shapes (one naming scheme, ``ddetr-encoder``), with
-  :data:`PRESET_DESCRIPTIONS` and :data:`PRESET_EMULATOR_TIME`; :func:`resolve_preset` also
-  accepts the older benchmark names (``ddetr_enc``, ``bev_tsa``, ...) listed in
+  :data:`PRESET_DESCRIPTIONS`, :data:`PRESET_EMULATOR_TIME` and :data:`PRESET_EMULATOR_MEMORY`;
+  :func:`resolve_preset` also accepts the older benchmark names (``ddetr_enc``, ``bev_tsa``, ...) listed in
   :data:`PRESET_ALIASES`.
 - :func:`make_inputs` / :func:`make_grad_output` (NumPy) and :func:`make_torch_inputs` (torch,
   the same values): the upstream nkilib test convention (docs/math.md, "Test inputs"):
@@ -22,13 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 __all__ = ["MSDACase", "make_inputs", "make_grad_output", "make_torch_inputs", "numpy_dtype",
            "S4", "DDETR_LEVELS", "BEV_SCA_LEVELS", "DEFAULT_CASE", "PRESETS", "PRESET_ALIASES",
-           "PRESET_DESCRIPTIONS", "PRESET_EMULATOR_TIME", "resolve_preset", "QUANTITIES",
-           "TOLERANCES", "tolerance", "Comparison", "compare", "max_relative_error",
+           "PRESET_DESCRIPTIONS", "PRESET_EMULATOR_TIME", "PRESET_EMULATOR_MEMORY",
+           "resolve_preset", "QUANTITIES", "TOLERANCES", "tolerance", "Comparison", "compare", "max_relative_error",
            "relative_l2"]
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
@@ -36,8 +35,7 @@ DDETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
 BEV_SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
 M2F_LEVELS = ((128, 128), (64, 64), (32, 32))
 
-_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32,
-           "float64": np.float64}
+_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 
 
@@ -46,7 +44,12 @@ def numpy_dtype(name: str) -> Any:
     key = _DTYPE_ALIASES.get(name, name)
     if key not in _DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[key]
+    if key == "bfloat16":
+        # Imported on first use: `nkilib-msda info` reads the preset table without it.
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return getattr(np, key)
 
 
 @dataclass(frozen=True)
@@ -200,9 +203,13 @@ PRESET_DESCRIPTIONS = {
     "mask2former-encoder": "Mask2Former pixel decoder (3 levels 128², 64², 32²), 21,504 queries, B=2",
 }
 
-# Rough wall time of `nkilib-msda check --preset NAME` (forward + backward, bf16, LNC 1,
-# --no-report, one CPU core; process start included). Measured 2026-12-01 except ddetr-encoder,
-# bevformer-sca and mask2former-encoder, scaled from bevformer-tsa by the number of samples.
+# Rough wall time and peak memory (peak RSS of the process) of `nkilib-msda check --preset NAME`
+# (forward + backward, bf16, LNC 1, --no-report, one CPU core; process start included). Times
+# measured 2026-12-01 on a laptop core, except bevformer-sca and mask2former-encoder; those and
+# every peak RSS measured 2026-12-01 on a 16-core x86 server running the 10 presets at once
+# (one process each; ddetr-encoder took 171 s there, bevformer-tsa 41 s, in line with the
+# laptop). `--lnc 2` needs 1.3x (ddetr-decoder) to 1.5x (bevformer-tsa) the memory: see
+# docs/emulator.md, "Memory at LNC 2".
 # For --help only.
 PRESET_EMULATOR_TIME = {
     "tiny": "~2 s",
@@ -211,10 +218,22 @@ PRESET_EMULATOR_TIME = {
     "bevformer-fast": "~10 s",
     "ddetr-decoder": "~10 s",
     "ddetr-encoder": "~3 min",
-    "bevformer-sca": "~3 min",
+    "bevformer-sca": "~2 min",
     "bevformer-tsa": "~45 s",
     "bevformer-decoder": "~5 s",
-    "mask2former-encoder": "~2.5 min",
+    "mask2former-encoder": "~2 min",
+}
+PRESET_EMULATOR_MEMORY = {
+    "tiny": "70 MB",
+    "default": "160 MB",
+    "upstream": "170 MB",
+    "bevformer-fast": "180 MB",
+    "ddetr-decoder": "480 MB",
+    "ddetr-encoder": "1.1 GB",
+    "bevformer-sca": "0.8 GB",
+    "bevformer-tsa": "1.6 GB",
+    "bevformer-decoder": "460 MB",
+    "mask2former-encoder": "1.1 GB",
 }
 
 

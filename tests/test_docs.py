@@ -1,6 +1,6 @@
 """The docs are true of the code.
 
-(a) Every ```python block of README.md, examples/README.md, docs/simulator.md and
+(a) Every ```python block of README.md, examples/README.md, docs/emulator.md and
     docs/block_attn_res.md runs as
     written. Blocks elide some inputs (``value, spatial_shapes, ...``, ``query, ...``); the
     harness below supplies small random ones, chosen by what the block calls, and then checks
@@ -28,7 +28,7 @@ import pytest
 from nkilib_msda.workloads import QUANTITIES, max_relative_error, tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/simulator.md", "docs/block_attn_res.md")
+DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/emulator.md", "docs/block_attn_res.md")
 
 
 # ----------------------------------------------------------------------------- (a) snippets
@@ -404,7 +404,7 @@ def test_api_hf_layer_matches_transformers():
 def test_api_block_attn_res():
     """§7."""
     pytest.importorskip("torch")
-    from nkilib_msda.experimental.block_attn_res import block_attn_res, block_attn_res_backward
+    from nkilib_msda import block_attn_res, block_attn_res_backward
     from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
 
     forward_doc = _documented_params("block_attn_res")

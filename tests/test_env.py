@@ -8,11 +8,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+import warnings
 
 import pytest
 
 import nkilib_msda._env as _env_mod
-from nkilib_msda._env import (ENV_VARS, EnvironmentVariableError, check_optional_bool, env_choice,
+from nkilib_msda._env import (ENV_VARS, RENAMED_FROM, EnvironmentVariableError, check_optional_bool, env_choice,
                               env_flag, env_table_markdown, match_word, read_env,
                               validate_environment)
 
@@ -119,7 +120,7 @@ def test_backend_variable_typo_is_rejected(monkeypatch):
 
 def test_backend_variable_typo_is_rejected_by_block_attn_res(monkeypatch):
     torch = pytest.importorskip("torch")
-    from nkilib_msda.experimental.block_attn_res import block_attn_res
+    from nkilib_msda import block_attn_res
 
     blocks = [torch.randn(1, 2, 8) for _ in range(2)]
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", "nkki")
@@ -162,12 +163,14 @@ def test_no_module_reads_the_environment_directly():
 
 def test_every_variable_the_package_names_is_in_the_table():
     named = {m for p in _PKG.rglob("*.py") for m in _VAR.findall(p.read_text())} - _NOT_VARIABLES
-    assert named <= set(ENV_VARS), sorted(named - set(ENV_VARS))
+    known = set(ENV_VARS) | set(RENAMED_FROM.values())  # old names, still read with a warning
+    assert named <= known, sorted(named - known)
 
 
 def test_docs_name_only_variables_of_the_table():
     named = {m for p in _DOCS for m in _VAR.findall(p.read_text())} - _NOT_VARIABLES
-    assert named <= set(ENV_VARS), sorted(named - set(ENV_VARS))
+    known = set(ENV_VARS) | set(RENAMED_FROM.values())
+    assert named <= known, sorted(named - known)
 
 
 def test_readme_table_is_generated_from_the_table():
@@ -188,7 +191,7 @@ def test_backend_choices_are_the_registered_backends():
 
 
 @pytest.mark.parametrize("name,raw", [
-    ("NKILIB_MSDA_DETERMINISTIC", "2"), ("NKILIB_MSDA_SIM_STRICT", "maybe"),
+    ("NKILIB_MSDA_DETERMINISTIC", "2"), ("NKILIB_MSDA_EMULATOR_STRICT", "maybe"),
     ("NKILIB_MSDA_TRITON_FAST_LAUNCH", "fast"), ("NEURON_LOGICAL_NC_CONFIG", "3"),
     ("NEURON_LOGICAL_NC_CONFIG", "abc"), ("NKILIB_MSDA_SIM_LNC", "4"),
     ("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1"), ("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2"),
@@ -205,10 +208,11 @@ def test_defaults_and_case(monkeypatch):
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     assert {n: read_env(n) for n in ENV_VARS} == {
-        "NKILIB_MSDA_BACKEND": "auto", "NKILIB_MSDA_NKI": "auto", "NKILIB_MSDA_SIM_STRICT": False,
+        "NKILIB_MSDA_BACKEND": "auto", "NKILIB_MSDA_NKI": "auto", "NKILIB_MSDA_EMULATOR_STRICT": False,
         "NEURON_LOGICAL_NC_CONFIG": None, "NKILIB_MSDA_SIM_LNC": None,
         "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
-        "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False}
+        "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False,
+        "NKILIB_MSDA_EMULATOR_TIMING": True, "USE_HUB_KERNELS": "", "DISABLE_KERNEL_MAPPING": ""}
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", " Reference ")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3")
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
@@ -271,7 +275,8 @@ def test_torch_layer_lnc_errors_are_environment_errors(monkeypatch):
         nki_backend.lnc_degree()
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", "2")
-    assert nki_backend.lnc_degree() == 2
+    with pytest.warns(DeprecationWarning, match="NKILIB_MSDA_SIM_LNC is deprecated"):
+        assert nki_backend.lnc_degree() == 2
 
 
 @pytest.mark.parametrize("name,raw", [("NEURON_LOGICAL_NC_CONFIG", "3"),
@@ -286,10 +291,36 @@ def test_cli_rejects_a_bad_variable_with_one_line_and_exit_2(name, raw):
 
 
 def test_cli_lnc_follows_the_variable(monkeypatch):
-    from nkilib_msda.cli import build_parser
+    from nkilib_msda.tools.cli import build_parser
 
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     assert build_parser().parse_args(["check"]).lnc == 2
     assert build_parser().parse_args(["check", "--lnc", "1"]).lnc == 1
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     assert build_parser().parse_args(["check"]).lnc == 1
+
+
+def test_renamed_emulator_strict_variable_keeps_the_old_name_with_a_warning(monkeypatch):
+    from nkilib_msda._env import env_flag
+
+    monkeypatch.delenv("NKILIB_MSDA_EMULATOR_STRICT", raising=False)
+    monkeypatch.setenv("NKILIB_MSDA_SIM_STRICT", "1")
+    with pytest.warns(DeprecationWarning, match="NKILIB_MSDA_SIM_STRICT is deprecated"):
+        assert env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=False) is True
+    monkeypatch.setenv("NKILIB_MSDA_SIM_STRICT", "maybe")
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="^NKILIB_MSDA_SIM_STRICT: "):
+        env_flag("NKILIB_MSDA_EMULATOR_STRICT")
+    monkeypatch.setenv("NKILIB_MSDA_EMULATOR_STRICT", "0")  # the new name wins, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=True) is False
+
+
+def test_old_emulated_lnc_variable_warns(monkeypatch):
+    pytest.importorskip("torch")
+    from nkilib_msda.backends.nki_backend import lnc_degree
+
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", "2")
+    with pytest.warns(DeprecationWarning, match="set NEURON_LOGICAL_NC_CONFIG"):
+        assert lnc_degree() == 2

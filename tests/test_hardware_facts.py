@@ -18,13 +18,13 @@ import pytest
 
 import nkilib_msda
 from nkilib_msda import hardware
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 PKG = Path(nkilib_msda.__file__).parent
 FACTS = PKG / "hardware.py"
 # 128s that are not the partition count.
 ALLOWED_128 = {
-    "backends/triton_backend.py": "a GPU block size",
+    "backends/triton_plan.py": "a GPU block size",
     "workloads.py": "image sizes of named shapes (Mask2Former 128x128)",
 }
 SBUF_NUMBERS = {"211968", "212984", "212992", "207872", "204792", "204800", "229376", "262144",
@@ -132,18 +132,20 @@ def _problem(**kw) -> MSDAProblem:
 
 def test_every_planner_defaults_to_the_one_budget_and_quotes_it():
     from nkilib_msda.experimental.block_attn_res.tiling import plan_backward, plan_forward
-    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
-    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
+    from nkilib_msda.experimental.deformable_attention.backward_config import \
+        plan_backward as plan_msda_backward
+    from nkilib_msda.experimental.deformable_attention.forward_config import \
+        plan_forward as plan_msda_forward
 
     budget = hardware.PLANNER_SBUF_BUDGET["trn2"]
-    assert make_backward_config(_problem(), "bfloat16").sbuf_budget == budget
+    assert plan_msda_backward(_problem(), "bfloat16").sbuf_budget == budget
     assert plan_forward(4, 256, 512, "bfloat16").sbuf_budget == budget
-    assert build_forward_config(_problem(), "bfloat16").sbuf_bytes <= budget
+    assert plan_msda_forward(_problem(), "bfloat16").sbuf_bytes <= budget
     quoted = f"{budget:,}"
     with pytest.raises(ValueError, match=f"over the budget {quoted} "):
-        make_backward_config(_problem(head_dim=4096, num_points=64), "float32")
+        plan_msda_backward(_problem(head_dim=4096, num_points=64), "float32")
     with pytest.raises(ValueError, match=f"budget {quoted} B"):
-        build_forward_config(_problem(num_heads=16, num_points=256, head_dim=512), "float32")
+        plan_msda_forward(_problem(num_heads=16, num_points=256, head_dim=512), "float32")
     with pytest.raises(ValueError, match=f"no tiling fits the {quoted} SBUF bytes"):
         plan_forward(4, 128, 20000, "float32")
     with pytest.raises(ValueError, match=f"no tiling fits the {quoted} SBUF bytes"):

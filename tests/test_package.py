@@ -40,3 +40,24 @@ def test_public_torch_names_resolve():
         assert callable(getattr(nkilib_msda, name))
     with pytest.raises(AttributeError, match="no_such_name"):
         getattr(nkilib_msda, "no_such_name")
+
+
+def test_block_attn_res_torch_api_is_exported_like_msda():
+    pytest.importorskip("torch")
+    import nkilib_msda
+    import nkilib_msda.pytorch
+
+    for name in ("block_attn_res", "block_attn_res_backward"):
+        assert getattr(nkilib_msda, name) is getattr(nkilib_msda.pytorch, name)
+        assert callable(getattr(nkilib_msda, name))
+
+
+def test_kernel_package_answers_the_old_torch_path_with_a_deprecation_warning():
+    pytest.importorskip("torch")
+    import nkilib_msda
+    import nkilib_msda.experimental.block_attn_res as kernels
+
+    assert set(kernels.__all__) == {"block_attn_res_fwd", "block_attn_res_bwd"}
+    with pytest.warns(DeprecationWarning, match="import it from nkilib_msda"):
+        old = kernels.block_attn_res
+    assert old is nkilib_msda.block_attn_res

@@ -18,7 +18,7 @@ Backends listed in :data:`BLOCK_ATTN_RES_BACKENDS` also implement Block AttnRes:
 ``block_attn_res_unsupported_reason(device, dtype) -> str | None``,
 ``block_attn_res_forward(values, w, gamma, scale, eps, enable_rmsnorm) -> (h, rms, alpha)`` and
 ``block_attn_res_backward(grad_h, values, w, alpha, gamma, rms, scale, enable_rmsnorm)
--> (grad_values, grad_w, grad_gamma)`` (shapes in :mod:`nkilib_msda.pytorch.block_attn_res`).
+-> (grad_values, grad_w, grad_gamma)`` (shapes in :mod:`nkilib_msda.pytorch.block_attn_res_ops`).
 
 Modules are imported lazily so that e.g. Triton is only imported when asked for.
 """

@@ -1,7 +1,7 @@
 """The "nki" backend: the NKI kernels, in the emulator for CPU tensors and on the device for
 TorchNeuron's ``neuron`` tensors.
 
-- CPU tensors: the kernels run in the package's emulator (:func:`run_in_simulator`); tensors
+- CPU tensors: the kernels run in the package's emulator (:func:`run_in_emulator`); tensors
   are converted to NumPy (bfloat16 through ``ml_dtypes.bfloat16``) and back.
 - ``neuron`` tensors: the ``@nki.jit`` kernels are called directly on the device tensors, which
   is how torch-neuronx runs NKI kernels in eager mode (it compiles each new combination of
@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from nkilib_msda._env import read_env
-from nkilib_msda.validation import MSDAProblem, dtype_name
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 __all__ = ["is_available", "unsupported_reason", "backward_unsupported_reason", "msda_forward",
-           "msda_backward", "run_in_simulator", "call_forward_kernel", "call_backward_kernel",
+           "msda_backward", "run_in_emulator", "call_forward_kernel", "call_backward_kernel",
            "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "set_device_launcher",
            "kernel_call", "forward_gather_method", "backward_gather_method",
            "SUPPORTED_VALUE_DTYPES", "PADDING_MODES", "block_attn_res_unsupported_reason",
@@ -76,29 +76,40 @@ def _device_reason(device: torch.device) -> str | None:
 
 def forward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
     """The first gather method the forward planner accepts; raises its error if none does."""
-    from nkilib_msda.experimental.deformable_attention.forward_config import build_forward_config
+    from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
 
-    return _first_plannable(lambda m: build_forward_config(problem, value_dtype, gather_method=m))
+    return _first_plannable(lambda m: plan_forward(problem, value_dtype, gather_method=m))
 
 
 def backward_gather_method(problem: MSDAProblem, value_dtype: str) -> str:
     """The first gather method the backward planner accepts; raises its error if none does."""
-    from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+    from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 
-    return _first_plannable(lambda m: make_backward_config(problem, value_dtype, gather_method=m))
+    return _first_plannable(lambda m: plan_backward(problem, value_dtype, gather_method=m))
 
 
 def _first_plannable(plan: Callable[[str], Any]) -> str:
-    error: ValueError | None = None
+    """The first of GATHER_METHODS that ``plan`` accepts; else ValueError with every method's
+    reason (the torch API has no ``gather_method=``: the backend tries them all)."""
+    reasons = []
     for method in GATHER_METHODS:
         try:
             plan(method)
         except ValueError as exc:
-            error = error or exc
+            reason = _without_method_hint(str(exc)).removeprefix(f"gather_method={method!r}: ")
+            reasons.append(f"gather_method={method!r}: {reason}")
             continue
         return method
-    assert error is not None
-    raise error
+    raise ValueError("no gather method fits (the backend tried each): " + "; ".join(reasons)
+                     + ". Change the shape as the reasons say, or run this call on another "
+                       "backend (backend='reference', or 'triton' on CUDA)")
+
+
+def _without_method_hint(reason: str) -> str:
+    """A kernel-API reason without its "use gather_method=..." advice, which the torch API
+    cannot follow (the methods are all tried)."""
+    head, sep, hint = reason.rpartition("; use gather_method=")
+    return head if sep else reason
 
 
 def unsupported_reason(problem: MSDAProblem, value: torch.Tensor,
@@ -157,12 +168,12 @@ def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def lnc_degree() -> int:
     """The LNC degree for kernel launches: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), else the
-    older ``NKILIB_MSDA_SIM_LNC`` (emulator only), else 1. Anything else raises ValueError
+    deprecated ``NKILIB_MSDA_SIM_LNC`` (emulator only; DeprecationWarning), else 1. Anything else raises ValueError
     naming the variable."""
     return read_env(LNC_ENV_VAR) or read_env(LEGACY_SIM_LNC_ENV_VAR) or 1
 
 
-def run_in_simulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
+def run_in_emulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
     """Wrap an ``@nki.jit`` kernel so it takes and returns torch tensors, running on CPU.
 
     Tensor arguments become NumPy arrays (HBM tensors in the emulator); ``None`` and other
@@ -210,7 +221,7 @@ def kernel_call(kernel: Any, device: torch.device) -> Callable[..., Any]:
     launcher otherwise. The LNC degree is validated first."""
     degree = lnc_degree()
     if device.type == "cpu":
-        return run_in_simulator(kernel, degree)
+        return run_in_emulator(kernel, degree)
     return _device_launcher(kernel)
 
 
@@ -297,7 +308,7 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
 
 def block_attn_res_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the Block AttnRes kernels cannot take tensors of ``device`` and ``dtype``."""
-    from nkilib_msda.experimental.block_attn_res.validation import KERNEL_DTYPES
+    from nkilib_msda.validation.block_attn_res import KERNEL_DTYPES
 
     reason = _device_reason(device)
     if reason is not None:

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import torch
 
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["is_available", "unsupported_reason", "msda_forward", "msda_backward",
            "block_attn_res_unsupported_reason", "block_attn_res_forward", "block_attn_res_backward"]

@@ -20,20 +20,17 @@ copy per call. Measurements: benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
 from typing import Any
 
 from nkilib_msda._env import read_env
-from nkilib_msda.validation import MSDAProblem, dtype_name
+from nkilib_msda.backends.triton_plan import (  # noqa: F401 - the planning names belong to this backend's surface
+    KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
+    with_configs)
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
-_INT32_MAX = 2**31 - 1
 _SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 _SUPPORTED_PADDING = ("zeros", "border")
-
-
-def _interpreting() -> bool:
-    return bool(read_env("TRITON_INTERPRET"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,104 +97,6 @@ def unsupported_reason(problem: MSDAProblem, value: Any, sampling_locations: Any
     return _context(problem, value, sampling_locations).reason
 
 
-# ----------------------------------------------------------------------------- planning
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile and launch parameters of one kernel."""
-
-    block_q: int
-    num_warps: int
-    num_stages: int = 1
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Everything a launch needs besides the tensors."""
-
-    forward: KernelConfig
-    backward: KernelConfig
-    block_c: int
-    index64: bool
-    grad_value_accumulator: str  # "float32" scratch, or "native" (atomics in the value dtype)
-    forward_kernel: str = "points"  # "points": loop over (l, p); "samples": all samples at once
-    backward_kernel: str = "points"  # the same choice for the fast-mode backward
-    samples_backward: KernelConfig = KernelConfig(1, 2)  # tiles of the all-samples backward
-    head_slowest: bool = True  # program order: all resident programs share one (head, batch)
-    rows_block: int = 32  # deterministic reduce: value rows per program
-    rows_warps: int = 4
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index: int) -> int:
-    import torch
-
-    if _interpreting() or not torch.cuda.is_available():
-        return 132
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _pick_block_q(problem: MSDAProblem, preferred: int, sm_count: int, minimum: int = 8) -> int:
-    """Largest query block <= preferred that still gives >= 2 programs per SM (decoders)."""
-    groups = problem.batch * problem.num_heads
-    block_q = max(1, min(preferred, _next_pow2(problem.num_queries)))
-    while block_q > minimum and groups * -(-problem.num_queries // block_q) < 2 * sm_count:
-        block_q //= 2
-    return block_q
-
-
-def needs_int64(problem: MSDAProblem) -> bool:
-    """Whether any flat element/entry offset can exceed int32."""
-    b, q, h, c = problem.batch, problem.num_queries, problem.num_heads, problem.head_dim
-    largest = max(b * problem.total_pixels * h * c,           # value / grad_value
-                  problem.num_samples * 4 + 1,                # loc elements, deterministic entries
-                  b * q * h * c,                              # output / grad_output
-                  b * problem.total_pixels * h + 1)           # row keys (+ sentinel)
-    return largest > _INT32_MAX
-
-
-@functools.lru_cache(maxsize=256)
-def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -> LaunchPlan:
-    """Tiles chosen from the problem; the rules come from sweeps on an H200
-    (benchmarks/RESULTS.md): one 16-byte vector per thread per corner in the forward,
-    head-slowest program order, for small (decoder) problems the all-samples forward with 4
-    queries per program, and the all-samples backward with one query per program in fast
-    mode (the points backward, 4 elements per thread, in deterministic mode)."""
-    block_c = _next_pow2(problem.head_dim)
-    block_s = _next_pow2(problem.num_levels * problem.num_points)
-    sm_count = _sm_count(device_index)
-    # One 16-byte vector per thread per gathered corner: 8 bf16/fp16 or 4 fp32 elements.
-    vector = 4 if value_dtype in ("float32", "torch.float32") else 8
-    fwd_warps = 8 if vector == 4 else 4
-    fwd_q = _pick_block_q(problem, max(8, min(128, vector * 32 * fwd_warps // block_c)), sm_count)
-    forward_kernel = "points"
-    groups = problem.batch * problem.num_heads
-    if groups * -(-problem.num_queries // fwd_q) < 4 * sm_count and block_s * block_c <= 1024:
-        forward_kernel = "samples"  # decoders: few queries, put every sample's loads in flight
-        fwd_q, fwd_warps = max(1, min(4, 2048 // (block_s * block_c))), 2
-    # Fast-mode backward: the all-samples kernel, one query per program (coalesced parameter
-    # tiles; 19-20 % faster than the points kernel on the encoder and BEV SCA shapes).
-    # Deterministic mode keeps the points kernel and its tiles.
-    bwd_q = _pick_block_q(problem, max(1, 256 // block_c), sm_count, minimum=1)
-    bwd_warps = 2 if bwd_q * block_c <= 512 else 4
-    samples_warps = max(2, min(8, block_s * block_c // 256))
-    return LaunchPlan(
-        forward=KernelConfig(fwd_q, fwd_warps),
-        backward=KernelConfig(bwd_q, bwd_warps),
-        block_c=block_c,
-        index64=needs_int64(problem),
-        grad_value_accumulator="float32",
-        forward_kernel=forward_kernel,
-        backward_kernel="samples",
-        samples_backward=KernelConfig(1, samples_warps),
-    )
-
-
 # ----------------------------------------------------------------------------- call contexts
 
 
@@ -233,14 +132,9 @@ def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):
     kernel = msda_forward_kernel
     if plan.forward_kernel == "samples":
         kernel = msda_forward_samples_kernel
-        kwargs["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
+        kwargs["BLOCK_S"] = next_pow2(problem.num_levels * problem.num_points)
     scalars = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch)
     return kernel, (problem.batch * problem.num_heads * n_blocks,), scalars, kwargs
-
-
-def uses_samples_backward(plan: LaunchPlan, deterministic: bool) -> bool:
-    """Whether the backward runs ``msda_backward_samples_kernel`` (fast mode only)."""
-    return plan.backward_kernel == "samples" and not deterministic
 
 
 def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool, bool, bool],
@@ -260,7 +154,7 @@ def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool
     grid = (problem.batch * problem.num_heads * n_blocks,)
     scalars: tuple = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch)
     if samples:
-        kwargs["BLOCK_S"] = _next_pow2(problem.num_levels * problem.num_points)
+        kwargs["BLOCK_S"] = next_pow2(problem.num_levels * problem.num_points)
         return msda_backward_samples_kernel, grid, scalars, kwargs
     num_rows = problem.batch * problem.total_pixels * problem.num_heads if deterministic else 0
     kwargs["DETERMINISTIC"] = deterministic
@@ -514,8 +408,3 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     elif grad_value is None:
         grad_value = accumulator.to(value.dtype)
     return grad_value, grad_loc, grad_attn
-
-
-def with_configs(plan: LaunchPlan, **changes) -> LaunchPlan:
-    """A copy of ``plan`` with some fields replaced (benchmark sweeps)."""
-    return replace(plan, **changes)

@@ -1,8 +1,8 @@
-"""Hardware facts and launch helpers shared by every NKI kernel and planner of the package.
+"""Launch helpers shared by every NKI kernel of the package, and the hardware facts they use.
 
 The facts are defined once in :mod:`nkilib_msda.hardware` (plain Python; the planners import
-them without NKI) and re-exported here for the kernels; the functions below run inside a
-kernel and import NKI lazily. See docs/kernels.md, "Kernel commons".
+them from there, without NKI) and re-exported here for the kernels; the functions run inside
+a kernel and import NKI lazily. See docs/kernels.md, "Kernel commons".
 
 LNC: https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html
 and https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/nki.lnc.html.
@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from nkilib_msda.hardware import (DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, MAX_LNC,
-                                  PARTITIONS,
-                                  PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BANK_FP32,
+                                  PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BANK_FP32,
                                   PSUM_BANKS, PSUM_BYTES, planner_sbuf_budget)
 
 # Kernel-path code compares with ``== None``: the package's test suites still run the

@@ -21,7 +21,7 @@ import torch
 from nkilib_msda._env import match_word, read_env
 from nkilib_msda.backends import (
     BACKEND_NAMES, BLOCK_ATTN_RES_BACKENDS, BackendUnavailableError, get_backend)
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "requested_backend",
            "device_default_backend", "select_backend", "select_block_attn_res_backend"]

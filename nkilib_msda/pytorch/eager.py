@@ -23,7 +23,7 @@ from torch import Tensor
 
 from nkilib_msda.pytorch import ops
 from nkilib_msda.pytorch._modes import can_skip_dispatcher, profiler_range
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["can_skip_dispatcher", "msda_forward_eager"]
 

@@ -21,7 +21,7 @@ from nkilib_msda.pytorch import ops
 from nkilib_msda.pytorch.dispatch import select_backend
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
 from nkilib_msda.pytorch.problem_cache import validated_problem
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["multi_scale_deformable_attention", "validate_torch_args"]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -91,7 +92,7 @@ def patch_transformers_model(model: nn.Module, backend: str | None = None) -> in
     forward signature) with nkilib_msda's, and, for mask2former/oneformer, the module-level
     ``multi_scale_deformable_attention`` function. ``backend`` as for
     :func:`nkilib_msda.multi_scale_deformable_attention` (None: automatic). Returns how many
-    attention sites now use nkilib_msda (0 means the model has none).
+    attention sites now use nkilib_msda (0, with a UserWarning, means the model has none).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -119,6 +120,11 @@ def patch_transformers_model(model: nn.Module, backend: str | None = None) -> in
         current = getattr(py_module, FUNCTION_NAME)
         original = getattr(current, _PATCHED_MARK, current)
         setattr(py_module, FUNCTION_NAME, _make_function(backend, original))
+    if count == 0:
+        warnings.warn(f"patch_transformers_model: {type(model).__name__} has no multi-scale "
+                      f"deformable attention to patch (no transformers {LAYER_CLASS_NAME} layer, "
+                      f"no module using transformers' {FUNCTION_NAME}); the model is unchanged",
+                      UserWarning, stacklevel=2)
     return count
 
 

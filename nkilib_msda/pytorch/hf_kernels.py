@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 import sys
 import warnings
 from typing import Any, Sequence
 
 from torch import nn
 
+from nkilib_msda._env import read_env
 from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention
 
 __all__ = ["register_hf_kernels", "hook_transformers_layers", "LAYER_NAME", "HF_DEVICES",
@@ -74,10 +74,10 @@ class NkilibMSDALayerRepository:
 
 def _hub_hook_switched_off() -> str | None:
     """Why ``kernelize`` would leave hooked layers alone whatever is registered, or None."""
-    if os.environ.get("USE_HUB_KERNELS", "YES").upper() in _FALSE_VALUES:
-        return (f"USE_HUB_KERNELS={os.environ['USE_HUB_KERNELS']} switches transformers' kernel hub "
-                "hook off")
-    if os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
+    use_hub = read_env("USE_HUB_KERNELS")
+    if use_hub.upper() in _FALSE_VALUES:
+        return f"USE_HUB_KERNELS={use_hub} switches transformers' kernel hub hook off"
+    if read_env("DISABLE_KERNEL_MAPPING") not in ("", "0"):
         return "DISABLE_KERNEL_MAPPING is set, so kernels.kernelize keeps every original forward"
     return None
 

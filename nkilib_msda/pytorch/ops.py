@@ -30,7 +30,7 @@ from nkilib_msda.backends import get_backend
 from nkilib_msda.pytorch._modes import autocast_disabled, can_skip_dispatcher, profiler_range
 from nkilib_msda.pytorch.dispatch import AUTO, select_backend
 from nkilib_msda.pytorch.problem_cache import validated_problem
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd", "flatten_spatial_shapes",
            "problem_from_op_args", "forward_with_backend", "backward_with_backend",

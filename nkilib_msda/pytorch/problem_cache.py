@@ -1,4 +1,4 @@
-"""Memoized :func:`~nkilib_msda.validation.validate_msda_args` for torch tensors.
+"""Memoized :func:`~nkilib_msda.validation.msda.validate_msda_args` for torch tensors.
 
 Validation only reads static facts: the spatial shapes and level starts (their values), the
 shape and dtype of each tensor, the layouts and the flags. :func:`validated_problem` keys a
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nkilib_msda.validation import MSDAProblem, normalize_spatial_shapes, validate_msda_args
+from nkilib_msda.validation.msda import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
 __all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
            "MAX_CACHED_PROBLEMS"]

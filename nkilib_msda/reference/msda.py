@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from nkilib_msda.validation import MSDAProblem, validate_msda_args
+from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args
 
 # Gathered value elements (float64) held at once: 2**22 elements = 32 MiB per chunk.
 _GATHER_ELEMENTS_PER_CHUNK = 1 << 22

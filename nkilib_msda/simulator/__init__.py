@@ -1,6 +1,6 @@
 """NumPy emulator of NKI 0.8 (Neuron 2.34): ``nki``, ``nki.language``, ``nki.isa``, ``nki.lnc``.
 
-See docs/simulator.md. :func:`install_as_nki` registers the emulator under the ``nki`` module
+See docs/emulator.md. :func:`install_as_nki` registers the emulator under the ``nki`` module
 names so unmodified third-party kernels (``import nki.language as nl``) run on it.
 """
 
@@ -14,9 +14,10 @@ from nkilib_msda.simulator import isa as nisa
 from nkilib_msda.simulator import language as nl
 from nkilib_msda.simulator import lnc
 from nkilib_msda.simulator import wrappers as _wrappers  # noqa: F401  (installs nl tile functions)
-from nkilib_msda.simulator.errors import (NkiError, NkiHazardWarning, NkiWarning,
+from nkilib_msda.simulator.errors import (NkiArgumentError, NkiError, NkiHazardWarning, NkiWarning,
                                           OtherProgramAborted, nki_error)
 from nkilib_msda.simulator.jit import JitKernel, jit, simulate
+from nkilib_msda.simulator.progress import Progress
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.tensor import NkiTensor
 
@@ -90,4 +91,6 @@ def install_as_nki() -> None:
 
 __all__ = ["nki", "nl", "nisa", "lnc", "simulate", "jit", "JitKernel", "NkiError", "NkiWarning",
            "NkiHazardWarning",
-           "OtherProgramAborted", "nki_error", "CostReport", "NkiTensor", "install_as_nki"]
+           "OtherProgramAborted", "nki_error", "CostReport", "NkiTensor", "install_as_nki",
+           "NkiArgumentError",
+           "Progress"]

@@ -5,7 +5,7 @@ them). Every write maintains the storage's "written" mask. Reading an element th
 written is undefined behaviour on hardware; as in the official simulator, new allocations
 hold NaN / the integer fill pattern and such reads simply return it
 (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/guides/nki_simulator.html).
-In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_SIM_STRICT=1``) the read
+In strict mode (``simulate(..., strict=True)`` / ``NKILIB_MSDA_EMULATOR_STRICT=1``) the read
 raises NkiError "uninitialized read".
 
 Cross-core races (LNC 2): every read and write of a ``shared_hbm`` storage (inputs, outputs,
@@ -120,15 +120,17 @@ def _select(buf: np.ndarray, itemsize: int, addr: Any, view: NkiTensor | None,
     return selected if mask is None else selected[mask]
 
 
-def _mark(buf: np.ndarray, itemsize: int, addr: Any, view: NkiTensor | None,
+def _mark(buf: np.ndarray, bit: int, itemsize: int, addr: Any, view: NkiTensor | None,
           mask: np.ndarray | None) -> None:
+    """Set flag ``bit`` in every byte of the accessed elements of ``buf``."""
     mask_dtype, full = _MASK_VIEW[itemsize]
+    pattern = mask_dtype(bit * full)
     if view is None:
-        buf.view(mask_dtype)[addr] = full
+        buf.view(mask_dtype)[addr] |= pattern
     elif mask is None:
-        view.np_view(buf, mask_dtype, itemsize)[...] = full
+        view.np_view(buf, mask_dtype, itemsize)[...] |= pattern
     else:
-        view.np_view(buf, mask_dtype, itemsize)[mask] = full
+        view.np_view(buf, mask_dtype, itemsize)[mask] |= pattern
 
 
 def _changed(storage: Storage, itemsize: int, addr: Any, view: NkiTensor | None,
@@ -159,16 +161,17 @@ def note_access(storage: Storage, itemsize: int, instruction: str, is_write: boo
     flags, ctx = tracked
     me = ctx.program_id
     changed: Any = None  # computed once, only when a write conflicts
-    for other in range(len(flags.read)):
+    mask_dtype, full = _MASK_VIEW[itemsize]
+    for other in range(flags.programs):
         if other == me:
             continue
         conflicts = []
-        found = [(flags.write[other], "wrote", "write-after-write" if is_write
+        found = [(flags.write_bit(other), "wrote", "write-after-write" if is_write
                   else "read-after-write")] if flags.any_write[other] else []
         if is_write and flags.any_read[other]:
-            found.append((flags.read[other], "read", "write-after-read"))
-        for buf, verb, kind in found:
-            hit = _select(buf, itemsize, addr, view, mask) != 0
+            found.append((flags.read_bit(other), "read", "write-after-read"))
+        for bit, verb, kind in found:
+            hit = (_select(flags.bits, itemsize, addr, view, mask) & mask_dtype(bit * full)) != 0
             if is_write and hit.any():
                 if changed is None:
                     changed = _changed(storage, itemsize, addr, view, mask, values)
@@ -188,10 +191,10 @@ def note_access(storage: Storage, itemsize: int, instruction: str, is_write: boo
                    "undefined without nki.lnc.core_barrier between the accesses",
                    strict=ctx.options.strict, stacklevel=5)
     if is_write:
-        _mark(flags.write[me], itemsize, addr, view, mask)
+        _mark(flags.bits, flags.write_bit(me), itemsize, addr, view, mask)
         flags.any_write[me] = True
     else:
-        _mark(flags.read[me], itemsize, addr, view, mask)
+        _mark(flags.bits, flags.read_bit(me), itemsize, addr, view, mask)
         flags.any_read[me] = True
 
 
@@ -216,9 +219,10 @@ def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,
     check_initialised(storage, addr, dtype.itemsize, instruction, what)
     if note_timing:
         _note_timing_raw(storage, addr, dtype, False)
+    values = storage.data.view(dtype.np)[addr]
     if storage.buffer == "shared_hbm":
         note_access(storage, dtype.itemsize, instruction, False, addr=addr, what=what)
-    values = storage.data.view(dtype.np)[addr]
+        storage.bytes_read += values.nbytes
     return values.copy() if isinstance(addr, slice) else values
 
 
@@ -261,6 +265,7 @@ def read(t: Any, instruction: str) -> np.ndarray:
             _raise_uninitialised(storage, flags, full, instruction, t.name)
     if storage.buffer == "shared_hbm":
         note_access(storage, itemsize, instruction, False, view=t, what=t.name)
+        storage.bytes_read += t.size * itemsize
     return t.np_view(storage.data, t.dtype.np, itemsize).copy()
 
 
@@ -352,7 +357,7 @@ def partition_info(t: Any) -> tuple[int, int, int]:
 
 
 def check_compute_partitions(instruction: str, *tensors: Any) -> None:
-    """Compute-engine partition rule (docs/simulator.md): <= 128 partitions, and the
+    """Compute-engine partition rule (docs/emulator.md): <= 128 partitions, and the
     start partition must be 0 (any count), 32 (<= 32), 64 (<= 64) or 96 (<= 32); and at
     most ``MAX_COMPUTE_FREE_LEVELS`` free access-pattern levels (§3, §7a.4)."""
     for t in tensors:

@@ -6,7 +6,7 @@ implemented one layer above the instructions (simulator/wrappers.py) and install
 
 One object per NKI name: ``nl.add`` is both the ALU identity passed as ``op=`` to
 ``nisa.tensor_tensor`` & co. and, when called, the experimental wrapper
-``nl.add(x, y, dtype=None)`` that returns a NEW tile (docs/simulator.md).
+``nl.add(x, y, dtype=None)`` that returns a NEW tile (docs/emulator.md).
 
 ALU kinds (nki.api.shared "Supported Math Operators"):
 - ``bitvec``: invert, bitwise_and/or/xor, left_shift, logical right_shift; integer dtypes only,

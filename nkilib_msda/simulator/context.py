@@ -36,7 +36,7 @@ class SimOptions:
     source_rules: "error", "warn" or "off" for the kernel-source rules (source_rules.py):
     neuronxcc imports and nl.divide/mod/fmod.
     strict: uninitialised reads and hazard warnings (NkiHazardWarning) raise NkiError
-    (simulate(..., strict=True) / NKILIB_MSDA_SIM_STRICT=1; see docs/simulator.md).
+    (simulate(..., strict=True) / NKILIB_MSDA_EMULATOR_STRICT=1; see docs/emulator.md).
     """
 
     duplicate_scatter: str = "error"

@@ -3,7 +3,7 @@
 ``str(nl.bfloat16) == "bfloat16"`` and ``nl.bfloat16 == "bfloat16"`` hold, as nki-library
 compares dtypes by their string form. Low-precision floats map to ``ml_dtypes``.
 
-Cast rules (:func:`cast_values`), docs/simulator.md:
+Cast rules (:func:`cast_values`), docs/emulator.md:
 - float -> int: round half to even, then saturate to the integer range. NaN -> 0 (the docs
   are silent; 0 is the choice that cannot produce an out-of-range index). +-inf saturate.
 - int -> int: saturate (the engines compute through fp32 and saturate on the way out).

@@ -6,7 +6,7 @@ reads ``"<instruction>: <rule>: <detail>"``, so tests and users see which instru
 which rule without parsing text.
 
 Hazards (legal per AWS's hardware-tested kernels, but outside what the docs promise) are
-:class:`NkiHazardWarning`\\ s issued by :func:`hazard`; in strict mode (see docs/simulator.md,
+:class:`NkiHazardWarning`\\ s issued by :func:`hazard`; in strict mode (see docs/emulator.md,
 "Memory, hazards and strict mode") :func:`hazard` raises the equivalent NkiError instead.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 from nkilib_msda._env import EnvironmentVariableError
 
 __all__ = ["NkiError", "NkiWarning", "NkiHazardWarning", "nki_error", "hazard",
-           "OtherProgramAborted", "NkiEnvironmentVariableError", "env_error"]
+           "OtherProgramAborted", "NkiEnvironmentVariableError", "env_error",
+           "NkiArgumentError", "argument_error"]
 
 
 class NkiError(Exception):
@@ -46,6 +47,17 @@ def _rebuild_error(cls: type, message: str, instruction: str, rule: str,
 class NkiEnvironmentVariableError(NkiError, EnvironmentVariableError):
     """A bad environment variable met by the emulator: an NkiError (the emulator's rule
     errors) and the package's one EnvironmentVariableError (a ValueError) alike."""
+
+
+class NkiArgumentError(NkiError, ValueError):
+    """A caller's argument that cannot be passed to a kernel (an empty array, a dtype NKI
+    lacks): an NkiError, and a ValueError like every error the caller's arguments cause."""
+
+
+def argument_error(rule: str, detail: str) -> NkiArgumentError:
+    """``"kernel arguments: <rule>: <detail>"`` as an :class:`NkiArgumentError`."""
+    return NkiArgumentError(f"kernel arguments: {rule}: {detail}", instruction="kernel arguments",
+                            rule=rule, detail=detail)
 
 
 def env_error(instruction: str, rule: str, cause: EnvironmentVariableError,

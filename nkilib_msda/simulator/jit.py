@@ -18,6 +18,7 @@ time; the baton passes at ``core_barrier`` / ``sendrecv`` and at program end (se
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import enum
@@ -34,7 +35,9 @@ from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.dtypes import to_nki_dtype
-from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, env_error, nki_error
+from nkilib_msda.simulator.errors import (NkiError, OtherProgramAborted, argument_error, env_error,
+                                          nki_error)
+from nkilib_msda.simulator.progress import Progress, ProgressDisplay, progress_spec
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.source_rules import SOURCE_RULE_MODES, check_kernel_source
 from nkilib_msda.simulator.targets import get_target
@@ -167,10 +170,16 @@ class _Inputs:
         try:
             dt = to_nki_dtype(arr.dtype)
         except NkiError as exc:
-            raise nki_error("kernel arguments", "unsupported dtype",
-                            f"{where} has dtype {arr.dtype}, which NKI does not have") from exc
+            hint = (" (its integers have at most 32 bits); where the kernel takes Python ints "
+                    "pass a tuple (MSDA's spatial_shapes: a tuple of (H, W) pairs), else an "
+                    "int32 array" if arr.dtype.kind in "iu" else "")
+            raise argument_error("unsupported dtype",
+                                 f"{where} has dtype {arr.dtype}, which NKI does not have"
+                                 f"{hint}") from exc
         if arr.size == 0:
-            raise nki_error("kernel arguments", "empty tensor", f"{where} has shape {arr.shape}")
+            raise argument_error("empty tensor",
+                                 f"{where} has shape {arr.shape}; NKI tensors hold at least one "
+                                 "element")
         shape = arr.shape if arr.ndim else (1,)
         storage = Storage("shared_hbm", arr.size * dt.itemsize, name=where)
         flat = np.ascontiguousarray(arr).reshape(-1)
@@ -271,8 +280,9 @@ def _same_output(a: NkiTensor, b: NkiTensor) -> bool:
 
 class _Runner:
     def __init__(self, kernel: JitKernel, lnc: int, program_ndim: int, target: Any,
-                 report: bool, options: SimOptions) -> None:
+                 report: bool, options: SimOptions, progress: Progress | None = None) -> None:
         self.kernel = kernel
+        self.progress = progress
         self.lnc = lnc
         self.program_ndim = program_ndim
         self.target = get_target(target)
@@ -314,14 +324,15 @@ class _Runner:
             finally:
                 shared.scheduler.finish(pid, failed)
 
-        if self.lnc == 1:
-            run_program(0)
-        else:
-            shared.race_tracking = True
-            try:
-                _run_threads(run_program, self.lnc, shared.scheduler)
-            finally:
-                shared.race_tracking = False  # reading the outputs back is not an access
+        with self._progress_display(kargs, contexts, shared.scheduler):
+            if self.lnc == 1:
+                run_program(0)
+            else:
+                shared.race_tracking = True
+                try:
+                    _run_threads(run_program, self.lnc, shared.scheduler)
+                finally:
+                    shared.race_tracking = False  # reading the outputs back is not an access
         first_error = next((e for e in errors if e is not None and not _is_abort(e)), None)
         first_error = first_error or next((e for e in errors if e is not None), None)
         if first_error is not None:
@@ -356,8 +367,25 @@ class _Runner:
         return (arrays[0], report) if self.want_report else arrays[0]
 
 
+    def _progress_display(self, kargs: dict[str, Any], contexts: list[ExecutionContext],
+                          scheduler: ProgramScheduler) -> Any:
+        """The progress bar of this run (progress.py), or a no-op context."""
+        spec = self.progress
+        if spec is None:
+            return contextlib.nullcontext()
+        name = getattr(self.kernel.func, "__name__", "kernel")
+        streamed = None
+        if spec.streamed_input is not None:
+            arrays = [k for k, v in kargs.items() if isinstance(v, NkiTensor)]
+            if spec.streamed_input not in arrays:
+                raise ValueError(f"simulate: progress names {spec.streamed_input!r}, which is not "
+                                 f"an array argument of {name}; its array arguments: {arrays}")
+            streamed = kargs[spec.streamed_input].storage
+        return ProgressDisplay(spec, name, streamed, contexts, scheduler)
+
+
 def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
-    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_SIM_STRICT."""
+    """``strict=`` if given, else ``@nki.jit(strict=...)``, else NKILIB_MSDA_EMULATOR_STRICT."""
     if strict is None:
         strict = kernel.options.get("strict")
     if strict is None:
@@ -367,13 +395,13 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
     return strict
 
 
-STRICT_ENV = "NKILIB_MSDA_SIM_STRICT"
-TIMING_ENV = "NKILIB_MSDA_SIM_TIMING"
+STRICT_ENV = "NKILIB_MSDA_EMULATOR_STRICT"  # old name NKILIB_MSDA_SIM_STRICT: see _env
+TIMING_ENV = "NKILIB_MSDA_EMULATOR_TIMING"
 
 
 def timing_enabled() -> bool:
-    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_SIM_TIMING=0``."""
-    return bool(env_flag(TIMING_ENV, default=True))
+    """The timing model runs with ``report=True`` unless ``NKILIB_MSDA_EMULATOR_TIMING=0``."""
+    return bool(read_env(TIMING_ENV))
 
 
 def _is_abort(exc: BaseException) -> bool:
@@ -407,7 +435,8 @@ def _run_threads(run_program: Callable[[int], None], n: int, scheduler: ProgramS
 def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bool = False,
              duplicate_scatter: str = "error",
              barrier_timeout_s: float | None = None, source_rules: str = "error",
-             is_operator: str = "off", strict: bool | None = None) -> Callable[..., Any]:
+             is_operator: str = "off", strict: bool | None = None,
+             progress: bool | str | Progress = False) -> Callable[..., Any]:
     """``simulate(kernel, lnc=None, target="trn2", report=False)(*args, **kwargs)``; also
     ``nki.simulate(kernel)(...)`` / ``nki.simulate(kernel[2])(...)`` as the official simulator.
 
@@ -423,12 +452,19 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
       (no neuronxcc imports, no nl.divide/mod/fmod; see source_rules.py).
     - is_operator: accepted for compatibility and ignored (NKI 0.7 allows `is` / `is not`).
     - strict: uninitialised reads and hazard warnings raise NkiError (default: the kernel's
-      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_SIM_STRICT=1``, else off; read at call time).
+      ``@nki.jit(strict=...)``, else ``NKILIB_MSDA_EMULATOR_STRICT=1``, else off; read at call time).
+    - progress: a progress bar on stderr for runs longer than 2 s, when stderr is a terminal
+      (see progress.py): True counts instructions; the name of an argument the kernel reads
+      once, front to back, shows the share read with an ETA; a :class:`Progress` sets both and
+      the units. Default False.
     Arguments: NumPy arrays, or CPU torch tensors (then outputs are torch tensors too).
     """
     if not isinstance(kernel, JitKernel):
         if not callable(kernel):
-            raise TypeError(f"simulate: kernel must be an @nki.jit function, got {kernel!r}")
+            shape = getattr(kernel, "shape", None)
+            got = type(kernel).__name__ + (f" of shape {tuple(shape)}" if shape is not None else "")
+            raise TypeError(f"simulate: kernel must be an @nki.jit function, got {got}; "
+                            "call simulate(kernel)(*arguments)")
         kernel = JitKernel(kernel)
     if duplicate_scatter not in ("error", "last_writer_wins"):
         raise ValueError(f"simulate: duplicate_scatter must be 'error' or 'last_writer_wins', "
@@ -439,7 +475,7 @@ def simulate(kernel: Any, lnc: int | None = None, target: Any = None, report: bo
         raise ValueError(f"simulate: lnc={lnc} contradicts kernel[{kernel.lnc}]")
     options_lnc = lnc
     return _Launcher(kernel, options_lnc, target, report, duplicate_scatter, barrier_timeout_s,
-                     source_rules, is_operator, strict)
+                     source_rules, is_operator, strict, progress_spec(progress))
 
 
 class _Launcher:
@@ -447,7 +483,7 @@ class _Launcher:
 
     def __init__(self, kernel: JitKernel, lnc: int | None, target: Any, report: bool,
                  duplicate_scatter: str, barrier_timeout_s: float | None, source_rules: str,
-                 is_operator: str, strict: bool | None) -> None:
+                 is_operator: str, strict: bool | None, progress: Progress | None = None) -> None:
         for arg, mode in (("source_rules", source_rules), ("is_operator", is_operator)):
             if mode not in SOURCE_RULE_MODES:
                 raise ValueError(f"simulate: {arg} must be one of {SOURCE_RULE_MODES}, got {mode!r}")
@@ -456,6 +492,7 @@ class _Launcher:
         self.target = target
         self.report = report
         self.strict = strict
+        self.progress = progress
         self.options = SimOptions(duplicate_scatter=duplicate_scatter,
                                   barrier_timeout_s=barrier_timeout_s, source_rules=source_rules)
 
@@ -470,4 +507,4 @@ class _Launcher:
         ndim = 1 if (self.lnc is not None or bracket is not None) else 0
         options = dataclasses.replace(self.options, strict=_resolve_strict(self.strict, self.kernel))
         return _Runner(self.kernel, degree, ndim, self.target, self.report,
-                       options)(*args, **kwargs)
+                       options, self.progress)(*args, **kwargs)

@@ -47,6 +47,7 @@ class Storage:
         self.aux: dict[str, Any] = {}  # per-instruction-family bookkeeping (e.g. matmul flags)
         self.read_only: str | None = None  # why writes are rejected (a loop induction register)
         self.race: RaceFlags | None = None  # LNC 2 shared_hbm only: cross-core race bookkeeping
+        self.bytes_read = 0  # shared_hbm only: bytes read by instructions (progress display)
 
     @property
     def is_on_chip(self) -> bool:
@@ -78,31 +79,40 @@ class Storage:
 class RaceFlags:
     """Byte-wise accesses to one shared storage in the current barrier phase, per program.
 
-    ``read[p]`` / ``write[p]`` mark the bytes program ``p`` read / wrote since the last
-    ``core_barrier`` (phase ``phase``); a new phase clears them (accesses in different phases
-    are ordered by the barrier). ``any_read`` / ``any_write`` let checks skip a program that
-    did not touch the storage in this phase; ``reported`` limits warnings to one per kind of
-    race and phase."""
+    One flag byte per data byte holds every program's marks: bit ``2p`` "program p read this
+    byte", bit ``2p + 1`` "program p wrote it", since the last ``core_barrier`` (phase
+    ``phase``); a new phase clears them (accesses in different phases are ordered by the
+    barrier). Packing the marks keeps the tracking at one byte per shared byte at LNC 2
+    (separate read and write masks per program took four). ``any_read`` / ``any_write`` let
+    checks skip a program that did not touch the storage in this phase; ``reported`` limits
+    warnings to one per kind of race and phase."""
 
     def __init__(self, padded: int, programs: int) -> None:
+        if programs > 4:
+            raise ValueError(f"RaceFlags: at most 4 programs fit one flag byte, got {programs}")
         self.phase = 0
-        self.read = [np.zeros(padded, dtype=np.uint8) for _ in range(programs)]
-        self.write = [np.zeros(padded, dtype=np.uint8) for _ in range(programs)]
+        self.programs = programs
+        self.bits = np.zeros(padded, dtype=np.uint8)
         self.any_read = [False] * programs
         self.any_write = [False] * programs
         self.reported: set[str] = set()
+
+    @staticmethod
+    def read_bit(program: int) -> int:
+        return 1 << (2 * program)
+
+    @staticmethod
+    def write_bit(program: int) -> int:
+        return 2 << (2 * program)
 
     def enter_phase(self, phase: int) -> None:
         if phase == self.phase:
             return
         self.phase = phase
-        for p in range(len(self.read)):
-            if self.any_read[p]:
-                self.read[p][...] = 0
-            if self.any_write[p]:
-                self.write[p][...] = 0
-        self.any_read = [False] * len(self.read)
-        self.any_write = [False] * len(self.write)
+        if any(self.any_read) or any(self.any_write):
+            self.bits[...] = 0
+        self.any_read = [False] * self.programs
+        self.any_write = [False] * self.programs
         self.reported = set()
 
 

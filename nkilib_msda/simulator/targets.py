@@ -1,4 +1,4 @@
-"""Hardware targets and their capacities (docs/simulator.md)."""
+"""Hardware targets and their capacities (docs/emulator.md)."""
 
 from __future__ import annotations
 

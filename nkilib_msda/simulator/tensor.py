@@ -19,17 +19,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.dtypes import NkiDtype, int32, to_nki_dtype, uint32
 from nkilib_msda.simulator.errors import nki_error
+from nkilib_msda.simulator.dynamic_views import DynamicAccess, IndirectAccess, is_dynamic
+from nkilib_msda.simulator.geometry import (MAX_ONCHIP_FREE_LEVELS, MAX_PARTITIONS, _GEOMETRY,
+                                            _as_int, _c_strides, _index, _is_c_contiguous, _is_run,
+                                            _parse_pattern, _ViewBase)
 from nkilib_msda.simulator.memory import BUFFERS, HBM_BUFFERS, ON_CHIP, Storage
 
 __all__ = ["Storage", "NkiTensor", "IndirectAccess", "DynamicAccess", "ON_CHIP", "HBM_BUFFERS",
-           "BUFFERS", "is_dynamic"]
-
-MAX_PARTITIONS = _PARTITIONS
-MAX_ONCHIP_FREE_LEVELS = 4  # hardware access patterns: partition pair + <= 4 free pairs
+           "BUFFERS", "is_dynamic", "MAX_PARTITIONS"]
 
 
 # ``tile[...] = value`` runs instructions, which live above this layer: the instruction-level
@@ -41,108 +41,6 @@ def set_assign_handler(handler: Callable[[Any, Any, str], None]) -> None:
     """Install the implementation of ``NkiTensor.__setitem__`` (dst view, value, instruction)."""
     global _ASSIGN_HANDLER
     _ASSIGN_HANDLER = handler
-
-
-def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
-
-
-def _compute_addresses(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
-    """int64 array of ``shape``: offset + sum_k strides[k] * i_k."""
-    addr = np.full((), offset, dtype=np.int64)
-    nd = len(shape)
-    for k, (n, s) in enumerate(zip(shape, strides)):
-        ax = np.arange(n, dtype=np.int64) * s
-        addr = addr + ax.reshape((n,) + (1,) * (nd - k - 1))
-    return np.ascontiguousarray(np.broadcast_to(addr, tuple(shape)))
-
-
-class _GeometryCache:
-    """Relative address arrays depend only on (shape, strides): share them between views
-    (a view's addresses are ``offset + relative``). Bounded by the cached element count."""
-
-    MAX_ELEMENTS = 16_000_000
-    MAX_ENTRY = 2_000_000
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple, np.ndarray] = {}
-        self.elements = 0
-
-    def relative(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
-        key = (shape, strides)
-        hit = self.entries.get(key)
-        if hit is not None:
-            return hit
-        rel = _compute_addresses(shape, strides, 0)
-        rel.setflags(write=False)
-        if rel.size <= self.MAX_ENTRY:
-            if self.elements + rel.size > self.MAX_ELEMENTS:
-                self.entries.clear()
-                self.elements = 0
-            self.entries[key] = rel
-            self.elements += rel.size
-        return rel
-
-    def get(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> np.ndarray:
-        rel = self.relative(shape, strides)
-        if offset == 0:
-            return rel
-        addr = rel + offset
-        addr.setflags(write=False)
-        return addr
-
-
-def _is_run(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Row-major order visits consecutive elements (size-1 dims ignored)."""
-    expected = 1
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n == 1:
-            continue
-        if s != expected:
-            return False
-        expected = s * n
-    return True
-
-
-_GEOMETRY = _GeometryCache()
-
-
-def _addresses(shape: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
-    return _GEOMETRY.get(tuple(shape), tuple(strides), int(offset))
-
-
-class _ViewBase:
-    """Shared read-only properties of static and dynamic views."""
-
-    storage: Storage
-    dtype: NkiDtype
-    shape: tuple[int, ...]
-    name: str
-
-    @property
-    def buffer(self) -> str:
-        return self.storage.buffer
-
-    @property
-    def is_on_chip(self) -> bool:
-        return self.storage.buffer in ON_CHIP
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
 
 
 class NkiTensor(_ViewBase):
@@ -472,122 +370,8 @@ class NkiTensor(_ViewBase):
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None,
            scalar_offset: Any = None, vector_offset: Any = None, indirect_dim: int = 0,
            dtype: Any = None) -> "NkiTensor | IndirectAccess | DynamicAccess":
-        """Explicit access pattern over this tensor's storage (see docs/simulator.md)."""
+        """Explicit access pattern over this tensor's storage (see docs/emulator.md)."""
         return _make_ap(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
-
-
-def _as_int(x: Any, what: str, arg: str) -> int:
-    if type(x) is int:
-        return x
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise nki_error(what, f"{arg} type", f"{arg} must be a Python int, got "
-                                              f"{type(x).__name__} {x!r}")
-    return int(x)
-
-
-def _is_c_contiguous(shape: Sequence[int], strides: Sequence[int], relative: bool = False) -> bool:
-    """Row-major contiguous (size-1 dims ignored); ``relative``: innermost stride may be any."""
-    expected = None
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n == 1:
-            continue
-        if expected is None:
-            if not relative and s != 1:
-                return False
-            expected = s
-        elif s != expected:
-            return False
-        expected = s * n
-    return True
-
-
-def _index(t: NkiTensor, key: Any, what: str = "tensor indexing") -> NkiTensor:
-    if type(key) is not tuple:
-        key = (key,)
-    if any(k is Ellipsis for k in key):
-        at = [j for j, k in enumerate(key) if k is Ellipsis]
-        if len(at) > 1:
-            raise nki_error(what, "index", "at most one '...' per index")
-        i = at[0]
-        fill = t.ndim - (len(key) - 1)
-        key = key[:i] + (slice(None),) * fill + key[i + 1:]
-    if len(key) > len(t.shape):
-        raise nki_error(what, "too many indices", f"{len(key)} indices for shape {t.shape}")
-    on_chip = t.storage.buffer in ON_CHIP
-    nkey = len(key)
-    shape: list[int] = []
-    strides: list[int] = []
-    offset = t.offset
-    for d, (n, s) in enumerate(zip(t.shape, t.strides)):
-        k = key[d] if d < nkey else _FULL
-        if type(k) is slice:
-            start, stop, step = k.start, k.stop, k.step
-            if step is None or (type(step) is int and step == 1):
-                step = 1
-            else:
-                step = _as_int(step, what, "slice step")
-                if step < 1:
-                    raise nki_error(what, "slice step", f"step must be >= 1, got {step} on dim {d}")
-                if on_chip and d == 0 and step != 1:
-                    # Partition ranges are (start, count); the docs never show a partition step.
-                    raise nki_error(what, "partition step",
-                                    f"on-chip dim 0 must be sliced with step 1, got {step}")
-            start = 0 if start is None else _as_int(start, what, "slice start")
-            stop = n if stop is None else _as_int(stop, what, "slice stop")
-            if start < 0:
-                start += n
-            if stop < 0:
-                stop += n
-            if not (0 <= start <= stop <= n):
-                # Python would clamp; NKI kernels bound slices explicitly (min()), so an
-                # out-of-range slice is a kernel bug here. An empty slice (start == stop) is a
-                # legal, zero-size view: nki-library builds them for a core whose shard is empty.
-                raise nki_error(what, "slice out of range",
-                                f"{start}:{stop} on dim {d} of size {n} (shape {t.shape})")
-            shape.append(-(-(stop - start) // step))
-            strides.append(s * step)
-            offset += start * s
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-            i = int(k) + n if k < 0 else int(k)
-            if not 0 <= i < n:
-                raise nki_error(what, "index out of range", f"index {k} on dim {d} of size {n}")
-            offset += i * s
-            if on_chip and d == 0:  # on-chip: an int on the partition dim keeps it
-                shape.append(1)
-                strides.append(s)
-        else:
-            raise nki_error(what, "index type",
-                            f"{type(k).__name__} index on dim {d}: only int, slice, '...' and "
-                            "nl.ds are allowed (no array/tensor indexing; use .ap(vector_offset=))")
-    if on_chip:
-        while len(shape) < 2:  # on-chip results stay >= 2-D
-            shape.append(1)
-            strides.append(1)
-    return t._derive(shape, strides, offset)
-
-
-_FULL = slice(None)
-
-
-# -- access patterns ---------------------------------------------------------------------------
-def _parse_pattern(pattern: Any, what: str = "ap") -> list[list[int]]:
-    if not isinstance(pattern, (list, tuple)) or not pattern:
-        raise nki_error(what, "pattern", f"pattern must be a non-empty list of [stride, count] "
-                                         f"pairs, got {pattern!r}")
-    out = []
-    for pair in pattern:
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise nki_error(what, "pattern", f"each pattern entry must be [stride, count], got {pair!r}")
-        stride, count = pair
-        if type(stride) is not int or type(count) is not int:
-            stride = _as_int(stride, what, "pattern stride")
-            count = _as_int(count, what, "pattern count")
-        if count < 1:
-            raise nki_error(what, "pattern", f"counts must be >= 1, got {count}")
-        if stride < 0:
-            raise nki_error(what, "pattern", f"negative stride {stride} is not supported")
-        out.append([stride, count])
-    return out
 
 
 def _index_rows(index: Any, what: str) -> int:
@@ -677,99 +461,3 @@ def _make_ap(t: NkiTensor, pattern: Any, offset: Any, scalar_offset: Any, vector
     return view
 
 
-_VIEW_METHODS = ("slice", "select", "permute", "broadcast", "expand_dim", "squeeze_dim",
-                 "reshape_dim", "flatten_dims", "reshape", "view", "reinterpret_cast",
-                 "vector_select", "ap", "indirect")
-
-
-class _DynamicViewBase(_ViewBase):
-    """Dynamic (indirect / scalar-offset / dynamic-select) views are terminal: the indirect dim
-    cannot be sliced afterwards and a tensor takes one indirection (docs/simulator.md)."""
-
-    def __getitem__(self, key: Any) -> Any:
-        raise nki_error("tensor indexing", "dynamic view",
-                        f"{self!r} is a dynamic access: it cannot be indexed or sliced further "
-                        "(the indirect dim cannot be sliced afterwards); index the receiver "
-                        "before calling .ap()/.select()")
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.__getitem__(key)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _VIEW_METHODS:
-            raise nki_error(name, "dynamic view",
-                            f"{name}() on a dynamic access ({type(self).__name__}): one indirection "
-                            "per tensor, and dynamic views cannot be re-viewed; build the view on "
-                            "the receiver first")
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-
-class DynamicAccess(_DynamicViewBase):
-    """A view whose offset adds ``value(scalar) * scale`` read from a (1,1) SBUF int tile
-    when the (DMA) instruction executes. Out of bounds: any element outside the storage (and,
-    for a dynamic ``select``, a value outside the selected dim)."""
-
-    def __init__(self, receiver: NkiTensor, pattern: list[list[int]], offset: int,
-                 scalar: Any, scale: int, dtype: NkiDtype, what: str,
-                 limit: int | None = None) -> None:
-        if not isinstance(scalar, NkiTensor) or scalar.buffer != "sbuf" or scalar.size != 1 \
-                or not scalar.dtype.is_int:
-            raise nki_error(what, "scalar_offset",
-                            "the dynamic offset must be a (1,1) SBUF integer tensor, got "
-                            f"{getattr(scalar, 'shape', type(scalar).__name__)}")
-        self.receiver = receiver
-        self.storage = receiver.storage
-        self.dtype = dtype
-        self.pattern = pattern
-        self.shape = tuple(n for _, n in pattern)
-        self.strides = tuple(s for s, _ in pattern)
-        self.offset = offset
-        self.scalar = scalar
-        self.scale = scale
-        self.limit = limit  # select: the value must index the selected dim (0 <= v < limit)
-        self.name = receiver.name
-
-    def __repr__(self) -> str:
-        return f"DynamicAccess({self.name!r}, shape={self.shape}, {self.buffer})"
-
-
-class IndirectAccess(_DynamicViewBase):
-    """``receiver.ap(pattern, vector_offset=idx)``: row p starts at
-    ``offset + idx[p] * receiver.strides[0]``; the first pair's stride is ignored."""
-
-    def __init__(self, receiver: NkiTensor, pattern: list[list[int]], offset: int,
-                 index: NkiTensor, dtype: NkiDtype) -> None:
-        self.receiver = receiver
-        self.storage = receiver.storage
-        self.dtype = dtype
-        self.pattern = pattern
-        self.shape = tuple(n for _, n in pattern)
-        self.free_strides = tuple(s for s, _ in pattern[1:])
-        self.row_stride = receiver.strides[0] if receiver.strides else 1
-        self.offset = offset
-        self.index = index
-        self.name = receiver.name
-
-    def __repr__(self) -> str:
-        return (f"IndirectAccess({self.name!r}, shape={self.shape}, {self.buffer}, "
-                f"index={self.index.shape})")
-
-    def same_access(self, other: Any) -> bool:
-        return (isinstance(other, IndirectAccess) and other.storage is self.storage
-                and other.pattern == self.pattern and other.offset == self.offset
-                and other.row_stride == self.row_stride and other.dtype == self.dtype
-                and other.index.storage is self.index.storage
-                and other.index.offset == self.index.offset
-                and other.index.shape == self.index.shape
-                and other.index.strides == self.index.strides)
-
-    def row_offsets(self) -> np.ndarray:
-        """Offsets (elements) of one row's elements relative to its start, shape pattern[1:]."""
-        return _addresses(self.shape[1:], self.free_strides, 0)
-
-    def row_is_run(self) -> bool:
-        return _is_run(self.shape[1:], self.free_strides)
-
-
-def is_dynamic(x: Any) -> bool:
-    return isinstance(x, (IndirectAccess, DynamicAccess))

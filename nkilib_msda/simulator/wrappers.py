@@ -1,7 +1,7 @@
 """The ``nl`` tile functions lowered to instructions, and ``tile[...] = value``.
 
 Layer: above the instructions and the ``nl`` namespace (language.py), below jit/simulate.
-Importing this module (the simulator package does) installs:
+Importing this module (the emulator package does) installs:
 - the ``nl.add(x, y)`` & co. tile functions behind the ALU operator objects of alu.py
   (:func:`alu.register_wrappers`); their lowering is described in alu.py's docstring;
 - the handler of ``NkiTensor.__setitem__`` (:func:`assign`): on-chip to on-chip runs as a

@@ -1,6 +1,6 @@
 """Emulator tests run in strict mode by default (uninitialised reads and hazard warnings are
 errors); tests of the default, official-simulator behaviour pass ``strict=False`` explicitly
-(docs/simulator.md, "Memory, hazards and strict mode")."""
+(docs/emulator.md, "Memory, hazards and strict mode")."""
 
 from __future__ import annotations
 

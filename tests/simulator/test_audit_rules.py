@@ -1,5 +1,5 @@
-"""Audit of the emulator against docs/simulator.md: rules added by the audit, and spot checks
-of documented semantics against hand-computed results (docs/simulator.md "Rule coverage")."""
+"""Audit of the emulator against docs/emulator.md: rules added by the audit, and spot checks
+of documented semantics against hand-computed results (docs/emulator.md "Rule coverage")."""
 
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ def test_interleaved_pair_rows_scatter(rows, dup):
     np.testing.assert_array_equal(out, expected)
 
 
-# -- faithfulness spot checks (hand-computed from docs/simulator.md) ------------------------
+# -- faithfulness spot checks (hand-computed from docs/emulator.md) ------------------------
 def test_vector_offset_from_a_column_of_a_multi_column_index_tile():
     table = RNG.standard_normal((30, 5)).astype(np.float32)
     idx = RNG.integers(0, 30, (8, 3)).astype(np.int32)

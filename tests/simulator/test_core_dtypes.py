@@ -1,4 +1,4 @@
-"""NKI dtypes and cast rules (docs/simulator.md)."""
+"""NKI dtypes and cast rules (docs/emulator.md)."""
 
 import ml_dtypes
 import numpy as np

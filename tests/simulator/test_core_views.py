@@ -1,4 +1,4 @@
-"""Tensor indexing, view methods and .ap() access patterns (docs/simulator.md)."""
+"""Tensor indexing, view methods and .ap() access patterns (docs/emulator.md)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Cross-core races on shared HBM at LNC 2 (docs/simulator.md, "Memory, hazards and strict
+"""Cross-core races on shared HBM at LNC 2 (docs/emulator.md, "Memory, hazards and strict
 mode"): unordered accesses of the two programs to one element in the same barrier phase."""
 
 import warnings

@@ -365,3 +365,46 @@ def test_repeated_barriers_ping_pong():
         return box
 
     assert simulate(ping_pong, lnc=2)(np.full((1, 1), 10.0, np.float32)).tolist() == [[14.0]]
+
+
+# ----------------------------------------------- caller mistakes: errors that say the reason
+
+
+def _msda_inputs(**changes):
+    from nkilib_msda.workloads import PRESETS, make_inputs
+
+    return {**make_inputs(PRESETS["tiny"], seed=1), **changes}
+
+
+def test_numpy_spatial_shapes_error_says_pass_a_tuple():
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+    from nkilib_msda.simulator import NkiArgumentError
+
+    args = _msda_inputs()
+    args["spatial_shapes"] = np.array(args["spatial_shapes"])  # int64
+    with pytest.raises(NkiArgumentError, match=r"spatial_shapes has dtype int64, which NKI does "
+                                               r"not have .*pass a tuple .*\(H, W\) pairs"):
+        simulate(ms_deformable_attention)(**args)
+
+
+def test_forgotten_kernel_is_a_short_type_error():
+    value = _msda_inputs()["value"]
+    with pytest.raises(TypeError) as err:
+        simulate(value)
+    message = str(err.value)
+    assert message.startswith("simulate: kernel must be an @nki.jit function, got ndarray of "
+                              f"shape {value.shape}")
+    assert len(message) < 200, message  # no array repr
+
+
+def test_zero_levels_is_a_value_error():
+    """N_l = 0 leaves empty location/weight arrays: a ValueError (also an NkiError)."""
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+
+    args = _msda_inputs()
+    args.update(spatial_shapes=(), level_start_index=(),
+                sampling_locations=args["sampling_locations"][:, :, :, :0],
+                attention_weights=args["attention_weights"][:, :, :, :0])
+    with pytest.raises(ValueError, match="empty tensor") as err:
+        simulate(ms_deformable_attention)(**args)
+    assert isinstance(err.value, NkiError)

@@ -1,4 +1,4 @@
-"""The simulator package imports in one direction (docs/simulator.md, "Memory, hazards and
+"""The simulator package imports in one direction (docs/emulator.md, "Memory, hazards and
 strict mode" > Layering).
 
 The graph is built from the AST of every module, function-level imports included, so an
@@ -29,14 +29,15 @@ LAYERS: list[tuple[str, set[str]]] = [
                       "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),
-    ("tensors and views", {"tensor"}),
+    ("tensors and views", {"geometry", "dynamic_views", "tensor"}),
     ("operand access", {"access"}),
     ("ALU semantics", {"alu"}),
-    ("instruction support", {"isa._operands", "isa.enums"}),
-    ("instructions", {"isa", "isa.dma", "isa.vector", "isa.scalar", "isa.gpsimd",
+    ("instruction support", {"isa._operands", "isa._dma_operands", "isa.enums"}),
+    ("instructions", {"isa", "isa.dma", "isa.vector", "isa.vector_reduce", "isa.scalar", "isa.gpsimd",
                       "isa.tensor_engine", "isa.sync", "isa.scalars", "isa.constants"}),
     ("nl namespace", {"language", "lnc"}),
     ("nl wrappers", {"wrappers"}),
+    ("progress display", {"progress"}),
     ("jit/simulate", {"source_rules", "jit"}),
     ("package", {""}),
 ]

@@ -1,5 +1,5 @@
 """Uninitialised memory, hazards (R03, R05-R09), strict mode, error structure and quiet
-floating point (docs/simulator.md, "Memory, hazards and strict mode").
+floating point (docs/emulator.md, "Memory, hazards and strict mode").
 
 The package's conftest runs emulator tests strict; tests of the default behaviour pass
 ``strict=False`` explicitly.

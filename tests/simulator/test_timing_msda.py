@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from nkilib_msda.check import run_backward, run_forward
-from nkilib_msda.inputs import PRESETS, make_grad_output, make_inputs
+from nkilib_msda.tools.check import run_backward, run_forward
+from nkilib_msda.workloads import PRESETS, make_grad_output, make_inputs
 
 CASE = replace(PRESETS["tiny"], num_queries=256)
 

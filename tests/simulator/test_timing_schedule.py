@@ -237,7 +237,7 @@ def test_trace_is_json_with_events_for_every_engine_that_worked(tmp_path):
 
 
 def test_timing_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv("NKILIB_MSDA_SIM_TIMING", "0")
+    monkeypatch.setenv("NKILIB_MSDA_EMULATOR_TIMING", "0")
     *_, report = in_kernel(_vector_chain(1), _x(), report=True)
     assert report.timing is None
 

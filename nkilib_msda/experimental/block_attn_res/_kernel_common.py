@@ -7,7 +7,7 @@ from typing import Any
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE
 from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
-from nkilib_msda.validation import dtype_name
+from nkilib_msda.validation.msda import dtype_name
 
 __all__ = ["launch", "barrier", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
 

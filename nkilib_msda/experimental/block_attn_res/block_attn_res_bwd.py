@@ -297,7 +297,55 @@ def _write_weight_grads(t: _Tiles, plan: BackwardPlan, pid: int, outputs: tuple)
 @nki.jit
 def block_attn_res_bwd(grad_h, values, proj_weight, alpha, rmsnorm_gamma=None, rms=None, scale=1.0,
                        enable_rmsnorm=True, mode=None):
-    """Backward kernel; ``mode`` None (plan's choice), 'slab' or 'stream'."""
+    """Block Attention Residuals backward: gradients of the sources and of the query weights,
+    from the forward's alpha and rms caches.
+
+    Dimensions:
+        L: sources; BT: tokens, tiled by up to 128 per partition tile; D: hidden size.
+
+    Args:
+        grad_h (HBM tensor): [BT, D] in the values' dtype.
+        values (HBM tensor): [L, BT, D] source-major; bfloat16, float16 or float32.
+        proj_weight (HBM tensor): [D] float32.
+        alpha (HBM tensor): [BT, L] float32, the forward's softmax weights.
+        rmsnorm_gamma (HBM tensor | None): [D] float32; required when ``enable_rmsnorm``.
+        rms (HBM tensor | None): [BT, L] float32, the forward's rms cache (sqrt(mean v^2 +
+            eps), so no eps is needed here); required when ``enable_rmsnorm``.
+        scale (float): the forward's score scale (default 1.0).
+        enable_rmsnorm (bool): the forward's RMSNorm switch (default True).
+        mode (str | None): None (the plan's choice), "slab" or "stream".
+
+    Returns:
+        With RMSNorm: (grad_values [L, BT, D] in the values' dtype, grad_w [D] float32,
+        grad_gamma [D] float32); without: (grad_values, grad_w). All in shared HBM.
+
+    Notes:
+        - Per token, with u = scale * gamma * w (scale * w without RMSNorm):
+          d_alpha_l = dh . v_l, g_l = alpha_l (d_alpha_l - sum_k alpha_k d_alpha_k);
+          RMSNorm on: z_l recomputed as (v_l . u) / r_l, a_l = g_l / r_l,
+          b_l = -a_l z_l / (D r_l), dv_l = alpha_l dh + a_l u + b_l v_l;
+          off: a_l = g_l, dv_l = alpha_l dh + a_l u.
+          beta = sum over tokens and sources of a_l v_l; grad_w = scale * gamma * beta,
+          grad_gamma = scale * w * beta (grad_w = scale * beta without RMSNorm).
+        - beta accumulates in float32 on the Tensor engine into one PSUM bank (the matmul
+          operand split in two parts where its dtype would round a).
+        - LNC=2: each program handles half of the tokens and writes its beta partial to shared
+          HBM; after one core barrier, program p sums the two partials in a fixed order over
+          its half of D.
+
+    Pseudocode:
+        plan = plan_backward(L, BT, D, dtype, lnc, enable_rmsnorm, sbuf_budget())
+        u = scale * (gamma * w if enable_rmsnorm else w); beta_psum = 0
+        for row0, rows in plan.tiles_of(program):                 # rows <= 128 tokens
+            dh, a_cache, r = load(grad_h, alpha, rms rows)
+            for l in range(L):                                    # pass A
+                d_alpha[:, l] = v_l . dh; d_u[:, l] = v_l . u
+            a, b = coefficients(alpha, d_alpha, d_u, r)           # [rows, L]
+            for l in range(L):                                    # pass B
+                store(grad_values[l, rows], alpha_l * dh + a_l * u + b_l * v_l)
+                beta_psum += matmul(v_l^T, a_l)                   # contract over tokens
+        grad_w, grad_gamma = scale * (gamma, w) * beta            # LNC=2: barrier, band sums
+    """
     n_src, n_tok, dim = values.shape
     if tuple(grad_h.shape) != (n_tok, dim) or tuple(alpha.shape) != (n_tok, n_src):
         raise ValueError(f"grad_h, alpha: expected ({n_tok}, {dim}) and ({n_tok}, {n_src}), got "

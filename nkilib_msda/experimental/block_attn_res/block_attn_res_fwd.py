@@ -219,8 +219,53 @@ def _forward_tile(t: _Tiles, values: Any, plan: ForwardPlan, h_tile: Any, row0: 
 @nki.jit
 def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsnorm_eps=1e-6,
                        enable_rmsnorm=True, mode=None, group=None):
-    """Forward kernel; ``mode`` None (plan's choice), 'slab' or 'stream'; ``group`` forces the
-    number of sources per on-chip slab (tests)."""
+    """Block Attention Residuals forward: per token, softmax attention over the L sources with
+    one learned query, and the weighted sum of the sources.
+
+    Dimensions:
+        L: sources (completed blocks, then the partial block when there is one).
+        BT: tokens (batch * sequence), tiled by up to 128 per partition tile.
+        D: hidden size.
+
+    Args:
+        values (HBM tensor): [L, BT, D] source-major; bfloat16, float16 or float32.
+        proj_weight (HBM tensor): [D] float32, the query projection w.
+        rmsnorm_gamma (HBM tensor | None): [D] float32; required when ``enable_rmsnorm``.
+        scale (float): multiplies the scores (default 1.0).
+        rmsnorm_eps (float): RMSNorm epsilon (default 1e-6).
+        enable_rmsnorm (bool): score RMS-normalized sources (default True).
+        mode (str | None): None (the plan's choice), "slab" (all sources of a tile on chip)
+            or "stream" (groups of sources with an online softmax).
+        group (int | None): forces the number of sources per on-chip slab (tests).
+
+    Returns:
+        With RMSNorm: (h [BT, D] in the values' dtype, rms [BT, L] float32, alpha [BT, L]
+        float32); without: (h, alpha). All in shared HBM.
+
+    Notes:
+        - r_l = sqrt(mean_d v_ld^2 + eps), z_l = (v_l . u) / r_l with u = scale * gamma * w
+          (z_l = v_l . u, u = scale * w without RMSNorm); alpha = softmax_l(z);
+          h = sum_l alpha_l v_l. Statistics and accumulation are float32.
+        - With RMSNorm each (token, source) row is first scaled by 1 / max(sum_d |v| * 2^-24, 1),
+          so the squares stay finite for any finite input (exact scaling below sum |v| = 2^24).
+        - LNC=2: each program takes half of the tokens in the same number of tiles; both run
+          the same instructions, only addresses depend on the program id.
+        - The plan (``tiling.plan_forward``, plain Python) fixes the mode, the group size and
+          the buffer counts before any instruction is emitted.
+
+    Pseudocode:
+        plan = plan_forward(L, BT, D, dtype, lnc, enable_rmsnorm, sbuf_budget())
+        u = scale * (gamma * w if enable_rmsnorm else w)
+        for row0, rows in plan.tiles_of(program):                 # rows <= 128 tokens
+            m, esum, acc = -inf, 0, zeros((rows, D), fp32)
+            for sources in plan.groups():                        # one group in slab mode
+                v = load(values[sources, row0:row0 + rows])
+                z = (v . u) / rms(v) if enable_rmsnorm else v . u   # [rows, len(sources)]
+                m_new = max(m, max(z)); e = exp(z - m_new)
+                acc = acc * exp(m - m_new) + sum_l e_l * v_l; esum = ...; m = m_new
+            alpha = softmax(z over all sources)
+            store(h[row0:row0 + rows], acc / esum); store(alpha, rms)
+    """
     n_src, n_tok, dim = values.shape
     check_vector_arg("proj_weight", proj_weight, dim)
     if enable_rmsnorm:

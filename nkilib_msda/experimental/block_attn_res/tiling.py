@@ -22,10 +22,10 @@ one; backward slab x2, slab x1, stream x2, stream x1 (xN = rotation depth of the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
-from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.experimental.kernel_commons import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
+from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.hardware import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
 
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
@@ -179,8 +179,34 @@ def _choose(candidates: list[tuple[str, int]], force_mode: str | None,
         if _fits(buffers, budget):
             return mode, nbuf, buffers
         tried.append(f"{mode} x{nbuf}: {sum(buffers.values())} B")
-    raise ValueError(f"dim: no tiling fits the {budget:,} SBUF bytes per partition "
-                     f"({'; '.join(tried)})")
+    raise _NoTiling(f"dim: no tiling fits the {budget:,} SBUF bytes per partition "
+                    f"({'; '.join(tried)})")
+
+
+class _NoTiling(ValueError):
+    """No candidate tiling fits the SBUF budget (the public planners add the largest D)."""
+
+
+def _with_largest_dim(plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``plan(*args)`` (args[2] is D); when no tiling fits, the error also names the largest
+    D that does, found by bisection (the SBUF need grows with D)."""
+    try:
+        return plan(*args)
+    except _NoTiling as exc:
+        def fits(dim: int) -> bool:
+            try:
+                plan(*args[:2], dim, *args[3:])
+            except ValueError:
+                return False
+            return True
+
+        lo, hi = 0, args[2] - 1  # the answer lies in [lo, hi]; 0: no D fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        advice = (f"the largest D that fits with these arguments is {lo}" if lo
+                  else "no D fits with these arguments")
+        raise ValueError(f"{exc}; D={args[2]} is too large: {advice}") from None
 
 
 def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
@@ -190,6 +216,13 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
 
     ``force_mode='stream'`` takes the largest group below L; ``force_group`` an exact group size.
     """
+    return _with_largest_dim(_plan_forward, (num_sources, num_tokens, dim, dtype, lnc,
+                                             enable_rmsnorm, sbuf_budget, force_mode, force_group))
+
+
+def _plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int,
+                  enable_rmsnorm: bool, sbuf_budget: int, force_mode: str | None,
+                  force_group: int | None) -> ForwardPlan:
     _check_common(num_sources, num_tokens, dim, dtype, lnc)
     _check_mode(force_mode)
     forced = isinstance(force_group, int)  # kernel code: no `is None` (NKI 0.3-0.6)
@@ -226,14 +259,21 @@ def plan_forward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: i
             return ForwardPlan(num_sources, num_tokens, dim, dtype, lnc, enable_rmsnorm, mode, nbuf,
                                tuple(buffers.items()), sbuf_budget, group)
         tried.append(f"group {group} x{nbuf}: {sum(buffers.values())} B")
-    raise ValueError(f"dim: no tiling fits the {sbuf_budget:,} SBUF bytes per partition "
-                     f"({'; '.join(tried[-2:])})")
+    raise _NoTiling(f"dim: no tiling fits the {sbuf_budget:,} SBUF bytes per partition "
+                    f"({'; '.join(tried[-2:])})")
 
 
 def plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int = 1,
                   enable_rmsnorm: bool = True, sbuf_budget: int = PLANNER_SBUF_BUDGET["trn2"],
                   force_mode: str | None = None) -> BackwardPlan:
     """Choose the backward's mode and buffer rotation; list its SBUF buffers (bytes/partition)."""
+    return _with_largest_dim(_plan_backward, (num_sources, num_tokens, dim, dtype, lnc,
+                                              enable_rmsnorm, sbuf_budget, force_mode))
+
+
+def _plan_backward(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: int,
+                   enable_rmsnorm: bool, sbuf_budget: int,
+                   force_mode: str | None) -> BackwardPlan:
     _check_common(num_sources, num_tokens, dim, dtype, lnc)
     _check_mode(force_mode)
     es = DTYPE_BYTES[dtype]

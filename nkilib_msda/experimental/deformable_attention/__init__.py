@@ -1,12 +1,18 @@
 """Multi-scale deformable attention NKI kernels (forward and backward).
 
-The kernels are imported eagerly (they need only numpy and ml_dtypes through the emulator):
-binding the names here also guarantees that ``ms_deformable_attention`` is the kernel, not its
-same-named submodule, whatever was imported first.
+The kernels are imported on first use, so the planners of this package
+(``forward_config``, ``backward_config``) import without NKI or the emulator.
 """
 
-from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import ms_deformable_attention
-from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (
-    ms_deformable_attention_bwd)
+from __future__ import annotations
 
-__all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd"]
+from nkilib_msda._lazy import lazy_exports
+
+_LAZY = {
+    "ms_deformable_attention": "nkilib_msda.experimental.deformable_attention.ms_deformable_attention",
+    "ms_deformable_attention_bwd": "nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import PARTITIONS
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
     "PARTITIONS", "tile_view", "load_locations", "load_attention", "store_rows",

@@ -63,9 +63,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nkilib_msda.experimental.kernel_commons import (
+from nkilib_msda.hardware import (
     DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
 MAX_DMA_COMPUTE_SOURCES = 16
@@ -295,7 +295,7 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
     return tuple(tiles)
 
 
-def make_backward_config(
+def plan_backward(
     problem: MSDAProblem,
     value_dtype: str,
     lnc: int = 1,

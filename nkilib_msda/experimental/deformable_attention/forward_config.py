@@ -36,17 +36,17 @@ smallest plan does not fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
 
-from nkilib_msda.experimental.kernel_commons import (
+from nkilib_msda.hardware import (
     DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
     PSUM_BYTES)
-from nkilib_msda.experimental.kernel_commons import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.validation import MSDAProblem
+from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
-    "ForwardConfig", "QueryTile", "ReduceGroup", "build_forward_config", "TRN2_SBUF_BUDGET",
+    "ForwardConfig", "QueryTile", "ReduceGroup", "plan_forward", "TRN2_SBUF_BUDGET",
     "FP32_EXACT_INT_MAX", "PARTITIONS", "COORD_SCRATCH_WORDS", "DEFAULT_DMA_COLS",
     "MAX_Q_PACK", "PSUM_BANK_BYTES", "PSUM_BYTES", "TRANSPOSE_MAX_CHANNELS",
 ]
@@ -237,6 +237,46 @@ def _resolve_gather_method(gather_method: str, value_dtype: str, head_dim: int) 
     return gather_method
 
 
+def _plan_maker(problem: MSDAProblem, value_dtype: str, lnc: int,
+                method: str) -> Callable[[int, int, int, int, int], ForwardConfig]:
+    """``make(q_pack, group, dma, tile_bufs, gather_bufs)``: one candidate forward plan."""
+    c = problem.head_dim
+    vbytes = DTYPE_BYTES[value_dtype]
+    stack = PARTITIONS // c if method == "transpose" and 2 * c <= PARTITIONS else 1
+    psum_cols = 1
+    if method == "transpose":
+        psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes) // stack) * stack
+    base: dict[str, Any] = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
+                channel_tiles=_channel_tiles(c) if method == "transpose" else ((0, c),),
+                psum_bufs=2 if method == "transpose" else 0)
+
+    def make(q_pack: int, group: int, dma: int, tile_bufs: int, gather_bufs: int) -> ForwardConfig:
+        dma_cols = 1 if method == "copy" else min(dma * stack, group)
+        return ForwardConfig(q_pack=q_pack, dma_cols=dma_cols, stack=stack, group_cols_max=group,
+                             psum_cols=min(psum_cols, group), tile_bufs=tile_bufs,
+                             gather_bufs=gather_bufs, **base)
+
+    return make
+
+
+def _largest_fitting_head_dim(problem: MSDAProblem, value_dtype: str, lnc: int, method: str,
+                              sbuf_budget: int) -> int:
+    """The largest C_h below ``problem.head_dim`` whose smallest ``method`` plan fits
+    ``sbuf_budget`` (0: none), by bisection (the need grows with C_h); for error messages."""
+    def fits(head_dim: int) -> bool:
+        smaller = replace(problem, head_dim=head_dim)
+        return _plan_maker(smaller, value_dtype, lnc, method)(1, 1, 1, 1, 1).sbuf_bytes <= sbuf_budget
+
+    lo, hi = 0, problem.head_dim - 1  # the answer lies in [lo, hi]; 0 means none fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _channel_tiles(head_dim: int) -> tuple[tuple[int, int], ...]:
     return tuple((c, min(c + TRANSPOSE_MAX_CHANNELS, head_dim))
                  for c in range(0, head_dim, TRANSPOSE_MAX_CHANNELS))
@@ -260,11 +300,11 @@ def _group_candidates(cols_per_slot: int, num_slots: int, head_dim: int) -> list
     return sorted(set(cands), reverse=True)
 
 
-def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
-                         gather_method: str = "transpose",
-                         max_indices_per_indirect: Optional[int] = None,
-                         sbuf_budget: int = TRN2_SBUF_BUDGET,
-                         max_q_pack: int = MAX_Q_PACK) -> ForwardConfig:
+def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
+                 gather_method: str = "transpose",
+                 max_indices_per_indirect: Optional[int] = None,
+                 sbuf_budget: int = TRN2_SBUF_BUDGET,
+                 max_q_pack: int = MAX_Q_PACK) -> ForwardConfig:
     """Choose the forward tiling for ``problem`` (see the module docstring)."""
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc}")
@@ -290,20 +330,7 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     dma_cap = (DEFAULT_DMA_COLS if max_indices_per_indirect == None  # noqa: E711
                else max_indices_per_indirect // PARTITIONS)
     c = problem.head_dim
-    vbytes = DTYPE_BYTES[value_dtype]
-    stack = PARTITIONS // c if method == "transpose" and 2 * c <= PARTITIONS else 1
-    psum_cols = 1
-    if method == "transpose":
-        psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes) // stack) * stack
-    base: dict[str, Any] = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
-                channel_tiles=_channel_tiles(c) if method == "transpose" else ((0, c),),
-                psum_bufs=2 if method == "transpose" else 0)
-
-    def make(q_pack: int, group: int, dma: int, tile_bufs: int, gather_bufs: int) -> ForwardConfig:
-        dma_cols = 1 if method == "copy" else min(dma * stack, group)
-        return ForwardConfig(q_pack=q_pack, dma_cols=dma_cols, stack=stack, group_cols_max=group,
-                             psum_cols=min(psum_cols, group), tile_bufs=tile_bufs,
-                             gather_bufs=gather_bufs, **base)
+    make = _plan_maker(problem, value_dtype, lnc, method)
 
     chosen = None
     for tile_bufs, gather_bufs in ((2, 2), (1, 2), (1, 1)):
@@ -321,11 +348,14 @@ def build_forward_config(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
             break
     if not chosen:
         smallest = make(1, 1, 1, 1, 1)
+        samples = problem.num_heads * problem.num_levels * problem.num_points
+        largest = _largest_fitting_head_dim(problem, value_dtype, lnc, method, sbuf_budget)
+        advice = (f"the largest C_h that fits with these samples is {largest}" if largest
+                  else "reduce N_h, N_l or N_p")
         raise ValueError(
             f"MSDA forward does not fit SBUF: even the smallest plan needs "
             f"{smallest.sbuf_bytes:,} B per partition > budget {sbuf_budget:,} B "
-            f"(N_h * N_l * N_p = {problem.num_heads * problem.num_levels * problem.num_points} "
-            f"samples per query, C_h = {c}); reduce N_h, N_l or N_p")
+            f"(N_h * N_l * N_p = {samples} samples per query, C_h = {c}); {advice}")
     # Grow q_pack while it fits and every core still fills whole 128-partition tiles.
     local_q = -(-problem.num_queries // lnc)
     q_pack = 1

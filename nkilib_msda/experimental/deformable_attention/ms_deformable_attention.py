@@ -43,7 +43,7 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
 - Accumulation is fp32; the store DMA casts once to the value dtype.
 
 Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
-:func:`forward_config.build_forward_config` before any instruction is emitted.
+:func:`forward_config.plan_forward` before any instruction is emitted.
 """
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ from nkilib_msda.experimental.deformable_attention import _sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.forward_config import (
-    COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, build_forward_config)
-from nkilib_msda.validation import MSDAProblem, dtype_name, validate_msda_args
+    COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
+from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 
-__all__ = ["ms_deformable_attention", "forward_config_for"]
+__all__ = ["ms_deformable_attention", "plan_forward_from_args"]
 
 _PARAM_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def forward_config_for(value: Any, spatial_shapes: Any, level_start_index: Any,
+def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: Any,
                        sampling_locations: Any, attention_weights: Any,
                        value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
                        align_corners: bool = False, padding_mode: str = "zeros",
@@ -79,7 +79,7 @@ def forward_config_for(value: Any, spatial_shapes: Any, level_start_index: Any,
         if dtype_name(t.dtype) not in _PARAM_DTYPES:
             raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 for the NKI "
                             f"kernel, got {dtype_name(t.dtype)}")
-    return build_forward_config(problem, dtype_name(value.dtype), lnc=lnc,
+    return plan_forward(problem, dtype_name(value.dtype), lnc=lnc,
                                 gather_method=gather_method,
                                 max_indices_per_indirect=max_indices_per_indirect)
 
@@ -255,18 +255,71 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
                             sampling_locations_layout="BQHLP2", align_corners=False,
                             padding_mode="zeros", max_indices_per_indirect=None,
                             gather_method="transpose"):
-    """Multi-scale deformable attention forward.
+    """Multi-scale deformable attention forward: bilinear samples of every level, weighted and
+    summed per (query, head).
 
-    value (B, L, N_h, C_h) "BLNC" or (B, N_h, L, C_h) "BNLC", bf16/fp16/fp32;
-    sampling_locations (B, N_q, N_h, N_l, N_p, 2) "BQHLP2" or (B, 2, N_q, N_h, N_l, N_p)
-    "B2QHLP"; attention_weights (B, N_q, N_h, N_l, N_p); spatial_shapes / level_start_index
-    tuples. Returns (B, N_q, N_h * C_h) in value's dtype (shared HBM).
-    ``gather_method``: "transpose" (2-byte values; fp32 falls back to "copy") or "copy";
-    ``max_indices_per_indirect``: cap on indices per indirect DMA (>= 128; transpose path:
-    ``cap // 128`` index columns per dma_transpose).
+    Dimensions:
+        B: batch.
+        N_q: queries.
+        N_h: heads; C_h: channels per head (any size; > 128 is split into channel tiles).
+        N_l: levels, level i of H_i x W_i pixels; L = sum_i H_i * W_i.
+        N_p: sampling points per (query, head, level).
+        Limits: L * N_h < 2^24 (row indices are formed in fp32), SBUF fits the plan's tiles.
+
+    Args:
+        value (HBM tensor): "BLNC" (B, L, N_h, C_h) or "BNLC" (B, N_h, L, C_h); bfloat16,
+            float16 or float32. Levels are stacked along L, level i starting at
+            ``level_start_index[i]``.
+        spatial_shapes (tuple of (int, int)): (H_i, W_i) per level, a compile-time constant.
+        level_start_index (tuple of int): first pixel of each level in L; must be the running
+            sum of H_i * W_i.
+        sampling_locations (HBM tensor): "BQHLP2" (B, N_q, N_h, N_l, N_p, 2) or "B2QHLP"
+            (B, 2, N_q, N_h, N_l, N_p); (x, y) normalized to [0, 1] across each level's map;
+            any float dtype; any value (NaN, inf, far out of the map) is safe.
+        attention_weights (HBM tensor): (B, N_q, N_h, N_l, N_p), any float dtype.
+        value_layout (str): "BLNC" (default) or "BNLC".
+        sampling_locations_layout (str): "BQHLP2" (default) or "B2QHLP".
+        align_corners (bool): False (default): pixel x = loc_x * W - 0.5; True: loc_x * (W - 1).
+        padding_mode (str): "zeros" (default: out-of-map corners add nothing) or "border"
+            (coordinates clamped into the map).
+        max_indices_per_indirect (int | None): cap on indices per indirect DMA (>= 128); on
+            the transpose path ``cap // 128`` index columns per ``dma_transpose``.
+        gather_method (str): "transpose" (default; 2-byte values, float32 values fall back to
+            "copy") or "copy".
+
+    Returns:
+        HBM tensor (B, N_q, N_h * C_h) in value's dtype (shared HBM): per (query, head), the
+        C_h channels of sum over levels and points of weight * bilinear sample.
+
+    Notes:
+        - Coordinates, corner weights and accumulation are float32 whatever value's dtype; the
+          output is cast once at the store.
+        - An out-of-map corner (or a NaN coordinate) contributes exactly +0.0: its product is
+          masked bitwise, so inf/NaN at the clamped pixel never leaks.
+        - Each corner of each sample is one gather descriptor of C_h values; no pixel is read
+          twice for one sample, and padded partitions of a ragged tile gather nothing.
+        - LNC=2: the two cores take halves of the queries and share nothing but the output (no
+          barrier). The tiling plan comes from ``forward_config.plan_forward`` (plain Python)
+          before any instruction is emitted.
+
+    Pseudocode:
+        plan = plan_forward(problem, lnc)                # q_pack, groups, buffer counts
+        for b in range(B):
+            for tile in plan.tiles(this_core_queries):   # <= 128 partitions x q_pack queries
+                loc, w = load(sampling_locations[b, tile], attention_weights[b, tile])
+                x, y = to_pixels(loc)                    # fp32, NaN masked, clamped
+                x0, y0 = floor(x), floor(y)
+                for corner in ((x0, y0), (x0+1, y0), (x0, y0+1), (x0+1, y0+1)):
+                    rows[corner] = value_row(clamp_into_map(corner), head)  # uint32
+                    weight[corner] = w * bilinear(corner) * inside_map(corner)
+                acc = zeros((128, q_pack * N_h, C_h), fp32)
+                for group in plan.reduce_groups(tile):
+                    gathered = gather(value[b], rows[group])              # (128, cols, C_h)
+                    acc[slot(group)] += sum_cols(gathered * weight[group])
+                store(out[b, tile], cast(acc, value.dtype))
     """
     lnc, core = core_info()
-    cfg = forward_config_for(value, spatial_shapes, level_start_index, sampling_locations,
+    cfg = plan_forward_from_args(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, value_layout, sampling_locations_layout,
                              align_corners, padding_mode, max_indices_per_indirect,
                              gather_method, lnc)

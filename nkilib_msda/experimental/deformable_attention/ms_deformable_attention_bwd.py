@@ -37,11 +37,11 @@ from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
-from nkilib_msda.experimental.deformable_attention.backward_config import make_backward_config
+from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import (PARTITIONS, core_barrier, core_info,
                                                      kernel_sbuf_budget)
-from nkilib_msda.validation import dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
 
@@ -88,12 +88,72 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                 iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
                                 dump_iota_k_scale=False, dump_grad_value_buffers=False,
                                 dump_reduced_grad_value=False):
-    """Gradients of MSDA w.r.t. value, sampling_locations and attention_weights (docs/api.md).
+    """Gradients of multi-scale deformable attention with respect to value, sampling_locations
+    and attention_weights (docs/api.md, docs/kernels.md "Backward").
 
-    Returns the enabled gradients (grad_value: value's shape/layout/dtype; grad_sampling_locations:
-    the locations' shape/layout in float32; grad_attention_weights: (B, N_q, N_h, N_l, N_p) in
-    value's dtype), then the enabled dumps (iota_k_scale, grad_value_buffers set 0,
-    reduced_grad_value), all in shared HBM.
+    Dimensions:
+        B, N_q, N_h, C_h, N_l, N_p, L: as in ``ms_deformable_attention``.
+        S = B * N_q * N_h * N_l: sample rows, one (query, head, level) per partition.
+        K: replicated fp32 grad_value buffers per core (from the scatter cap, see Notes).
+
+    Args:
+        grad_output (HBM tensor): (B, N_q, N_h * C_h) in value's dtype.
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+        value_layout, sampling_locations_layout, align_corners, padding_mode: as in the
+            forward kernel (same shapes, layouts and dtypes).
+        max_gather_indices_per_indirect (int | None): cap on indices per indirect gather.
+        max_scatter_indices_per_indirect (int | None): partitions per grad_value scatter
+            (<= 128 sets K; None sizes K so buffer traffic stays below the scatter's).
+        gather_method (str): "transpose" (2-byte values) or "copy" (any dtype; float32 always).
+        num_scatter_buffers (int | None): buffer sets that successive scatters take round
+            robin (default 1).
+        compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights
+            (bool): which gradients to compute; the gathers run only for the last two.
+        iota_k_scale_in (HBM tensor | None): (128, 1) int32 from an earlier call's
+            ``dump_iota_k_scale`` with the same shapes and scatter knobs.
+        grad_value_buffers_in (HBM tensor | None): (B, lnc * K, L * N_h, C_h) float32 buffers
+            to accumulate into (rows in value's layout order: BLNC pix * N_h + h, BNLC h * L + pix).
+        prev_reduced_grad_value (HBM tensor | None): float32, value's shape; subtracted from
+            the reduced buffers (accumulating calls).
+        dump_iota_k_scale, dump_grad_value_buffers, dump_reduced_grad_value (bool): also
+            return those intermediates.
+
+    Returns:
+        tuple of shared-HBM tensors: the enabled gradients in the order grad_value (value's
+        shape, layout and dtype), grad_sampling_locations (the locations' shape and layout,
+        float32), grad_attention_weights ((B, N_q, N_h, N_l, N_p), value's dtype); then the
+        enabled dumps in the order iota_k_scale, grad_value_buffers (set 0),
+        reduced_grad_value (float32, the raw buffer sum before ``prev_reduced_grad_value``).
+
+    Notes:
+        - Coordinates, weights and every dot product are float32; grad_value is accumulated in
+          float32 buffers and cast once after a fixed-order reduction of the buffers.
+        - The grad_value scatter is a read-modify-write ``dma_compute`` whose indices are
+          unique within each instruction (proof in ``backward_config``): colliding samples land
+          in different replicated buffers.
+        - Out-of-map corners and NaN samples are removed bitwise from the dot products, pair
+          selects and scatter data.
+        - LNC=2: each core scatters into its own buffers; one core barrier per buffer set, then
+          each core reduces a band of rows. The plan comes from ``backward_config.plan_backward``
+          (plain Python) before any instruction is emitted.
+
+    Pseudocode:
+        plan = plan_backward(problem, lnc, knobs, kernel_sbuf_budget())
+        zero(this core's grad_value buffers)
+        for b in range(B):
+            for super_tile in plan.super_tiles(core):      # <= 128 sample rows x T blocks
+                loc, w, g = load(sampling_locations, attention_weights, grad_output rows)
+                corners, bilinear, valid = coordinates(loc)         # fp32, as the forward
+                if grad_sampling_locations or grad_attention_weights:
+                    v = gather(value[b], corners)                   # (rows, 4 * N_p, C_h)
+                    dots = sum_c(v * g)                             # fp32, per corner
+                    grad_w = sum_corners(bilinear * dots)
+                    grad_loc = w * map_scale * sum_corners(d_bilinear/d_pixel * dots)
+                    store(grad_w, grad_loc)
+                if grad_value:
+                    scatter_add(buffers[k(partition)], corners, w * bilinear * g)
+        core_barrier(buffers)                                # LNC=2 only
+        grad_value = cast(sum over k and cores of buffers[my row band], value.dtype)
     """
     problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
                                  attention_weights, value_layout, sampling_locations_layout, align_corners,
@@ -103,7 +163,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     buffers_per_core = None
     if grad_value_buffers_in != None and len(grad_value_buffers_in.shape) == 4:  # noqa: E711
         buffers_per_core = max(1, grad_value_buffers_in.shape[1] // lnc)
-    cfg = make_backward_config(
+    cfg = plan_backward(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
         bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core)

@@ -10,6 +10,7 @@ from nkilib_msda.simulator.isa.enums import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.dma import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.sync import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.vector import *  # noqa: F401,F403
+from nkilib_msda.simulator.isa.vector_reduce import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.scalar import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.gpsimd import *  # noqa: F401,F403
 from nkilib_msda.simulator.isa.tensor_engine import *  # noqa: F401,F403

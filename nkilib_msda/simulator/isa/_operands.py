@@ -2,7 +2,7 @@
 
 Values travel as NumPy arrays reshaped to ``(partitions, elements_per_partition)``: NKI pairs
 operands of equal partition count and equal elements per partition in row-major order, so
-free shapes may differ (docs/simulator.md).
+free shapes may differ (docs/emulator.md).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def check_not_both_psum(instruction: str, a: NkiTensor, b: Any, names: str) -> N
 
 
 def check_psum_inputs(instruction: str, **inputs: Any) -> None:
-    """Vector engine: at most one tensor input may be in PSUM (docs/simulator.md).
+    """Vector engine: at most one tensor input may be in PSUM (docs/emulator.md).
     Applied to every tensor input, (P, 1) operand tiles included (conservative: the docs
     state it for "the two tensor inputs")."""
     in_psum = [name for name, t in inputs.items()

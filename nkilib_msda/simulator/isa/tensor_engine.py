@@ -9,7 +9,7 @@ sets the flag, any non-matmul write to PSUM (tensor_copy, memset, activation, ..
 
 The product is computed in float64 from the operands' exact values and rounded to fp32 once
 per instruction (the PE accumulates in fp32; fp32 operands take several passes on hardware:
-the emulator does not reproduce those rounding details, docs/simulator.md). The PSUM-bank
+the emulator does not reproduce those rounding details, docs/emulator.md). The PSUM-bank
 rule assumes every PSUM tensor starts on a bank boundary (the allocator's placement).
 """
 

@@ -2,7 +2,7 @@
 the same address are one allocation, so a kernel that cycles through a few placed buffers
 fits the SBUF budget, and its results are those of NumPy.
 Page: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/
-nki.language.ndarray.html (``address``); docs/simulator.md, "Memory, hazards and strict mode".
+nki.language.ndarray.html (``address``); docs/emulator.md, "Memory, hazards and strict mode".
 """
 
 import numpy as np
