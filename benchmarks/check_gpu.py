@@ -105,7 +105,8 @@ def check_nonfinite():
 NONFINITE_SHAPES = ((6, 7), (5, 6))
 
 
-def _border_pixels(shapes):
+def border_pixels(shapes):
+    """Flat pixel indices (over all levels) of every level's edge pixels."""
     out, start = [], 0
     for h, w in shapes:
         out += [start + y * w + x for y in range(h) for x in range(w)
@@ -114,23 +115,32 @@ def _border_pixels(shapes):
     return out
 
 
-def check_nonfinite_values(deterministic):
-    """Pixels that only masked (out-of-map, clamped) corners touch hold inf/-inf/NaN: nothing
-    may leak (forward, every gradient); then an interior pixel holding inf that in-map corners
-    read must make exactly the reference's outputs non-finite."""
-    shapes = NONFINITE_SHAPES
-    value, loc, attn, grad = make_inputs(2, 41, 4, 32, shapes, 3, torch.float32, "BLNC", "BQHLP2")
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    loc = 0.35 + 0.3 * torch.rand(loc.shape, device="cuda", generator=gen)
-    loc[:, ::2, 0, 0, 0, :] = -0.6
-    loc[:, 1::3, 1, 1, 1, :] = 1.6
-    loc[:, 2::4, 2, 1, 2, 0] = -3.0
-    border = _border_pixels(shapes)
+def nonfinite_value_inputs(batch, queries, heads, channels, device="cuda", seed=0):
+    """(clean, bad, loc, attn, grad) in fp32 on NONFINITE_SHAPES (3 points): interior samples
+    (no corner on an edge pixel) plus samples far outside the map, whose masked corners are
+    clamped onto edge pixels; ``bad`` holds inf / -inf / NaN there, ``clean`` zeros."""
+    value, loc, attn, grad = make_inputs(batch, queries, heads, channels, NONFINITE_SHAPES, 3,
+                                         torch.float32, "BLNC", "BQHLP2", device=device, seed=seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 5)
+    loc = 0.35 + 0.3 * torch.rand(loc.shape, device=device, generator=gen)
+    loc[:, ::2, 0, 0, 0, :] = -0.6  # every corner left of / above the map
+    loc[:, 1::3, 1, 1, 1, :] = 1.6  # every corner right of / below the map
+    loc[:, 2::4, heads - 1, 1, 2, 0] = -3.0  # x outside, y inside: still all four corners masked
+    border = border_pixels(NONFINITE_SHAPES)
     clean = value.clone()
     clean[:, border] = 0.0
     bad = value.clone()
     for i, pixel in enumerate(border):
         bad[:, pixel] = (float("inf"), float("-inf"), float("nan"))[i % 3]
+    return clean, bad, loc, attn, grad
+
+
+def check_nonfinite_values(deterministic):
+    """Pixels that only masked (out-of-map, clamped) corners touch hold inf/-inf/NaN: nothing
+    may leak (forward, every gradient); then an interior pixel holding inf that in-map corners
+    read must make exactly the reference's outputs non-finite."""
+    shapes = NONFINITE_SHAPES
+    clean, bad, loc, attn, grad = nonfinite_value_inputs(2, 41, 4, 32)
     problem = validate_msda_args(bad, shapes, None, loc, attn)
     ref = msda_grid_sample_with_grads(clean.double(), shapes, loc.double(), attn.double(),
                                       grad.double())

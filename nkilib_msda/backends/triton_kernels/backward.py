@@ -24,24 +24,42 @@ Row key of a corner: its row in the value tensor viewed as (-1, C_h); invalid co
 import triton
 import triton.language as tl
 
-from nkilib_msda.backends.triton_kernels.sampling import axis_setup, program_coordinates
+from nkilib_msda.backends.triton_kernels.sampling import (
+    bilinear_corners, level_geometry, load_corner, query_block, sample_tiles, value_row_base)
 
 
 @triton.jit
-def _corner_dot(value_base, rows, valid, g, ch, c_mask, ROW_STRIDE: tl.constexpr):
-    """<g[q, :], V[rows[q], :]> for each query of the block (fp32); 0 for masked corners
-    (loaded as 0, so a clamped pixel holding inf/NaN cannot leak through a zero weight)."""
-    ptrs = value_base + (rows * ROW_STRIDE)[:, None] + ch[None, :]
-    vals = tl.load(ptrs, mask=valid[:, None] & c_mask[None, :], other=0.0)
-    return tl.sum(vals.to(tl.float32) * g, axis=1)
+def _corner_dot(value_base, rows, valid, g, chan, c_mask, ROW_STRIDE: tl.constexpr):
+    """<g, V[rows]> over the channel axis (fp32 block S); 0 for a masked corner when g is
+    finite. g: S x BLOCK_C, or broadcastable to it."""
+    return tl.sum(load_corner(value_base, rows, valid, chan, c_mask, ROW_STRIDE) * g, axis=-1)
 
 
 @triton.jit
-def _scatter_corner(grad_value_base, rows, coef, valid, g, ch, c_mask, ROW_STRIDE: tl.constexpr):
-    """grad_value[rows[q], :] += coef[q] * g[q, :] for valid corners (relaxed atomics)."""
-    ptrs = grad_value_base + (rows * ROW_STRIDE)[:, None] + ch[None, :]
-    contrib = (coef[:, None] * g).to(grad_value_base.dtype.element_ty)
-    tl.atomic_add(ptrs, contrib, mask=valid[:, None] & c_mask[None, :], sem="relaxed")
+def _corner_dots(value_base, rows, masks, g, chan, c_mask, ROW_STRIDE: tl.constexpr):
+    """The four corners' dots (``rows``, ``masks`` as ``bilinear_corners`` returns them)."""
+    return (_corner_dot(value_base, rows[0], masks[0], g, chan, c_mask, ROW_STRIDE),
+            _corner_dot(value_base, rows[1], masks[1], g, chan, c_mask, ROW_STRIDE),
+            _corner_dot(value_base, rows[2], masks[2], g, chan, c_mask, ROW_STRIDE),
+            _corner_dot(value_base, rows[3], masks[3], g, chan, c_mask, ROW_STRIDE))
+
+
+@triton.jit
+def _location_gradients(d, fx, fy):
+    """(d out / d x-pixel, d out / d y-pixel) per unit weight from the corner dots ``d``."""
+    gx = (1.0 - fy) * (d[1] - d[0]) + fy * (d[3] - d[2])
+    gy = (1.0 - fx) * (d[2] - d[0]) + fx * (d[3] - d[1])
+    return gx, gy
+
+
+@triton.jit
+def _scatter_corner(grad_value_base, rows, coef, valid, g, chan, c_mask,
+                    ROW_STRIDE: tl.constexpr):
+    """grad_value[rows, :] += coef * g for valid corners (relaxed atomics); rows, coef, valid:
+    blocks S; g: S x BLOCK_C, or broadcastable to it."""
+    ptrs = grad_value_base + tl.expand_dims(rows * ROW_STRIDE, -1) + chan
+    contrib = (tl.expand_dims(coef, -1) * g).to(grad_value_base.dtype.element_ty)
+    tl.atomic_add(ptrs, contrib, mask=tl.expand_dims(valid, -1) & c_mask, sem="relaxed")
 
 
 @triton.jit
@@ -69,19 +87,10 @@ def msda_backward_kernel(
     grad_attn (B,N_q,N_h,N_l,N_p). key/coef (num_samples*4,) are used only when DETERMINISTIC."""
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
-    pid = tl.program_id(0)
-    if INDEX64:
-        pid = pid.to(tl.int64)
-    head, batch, q_block = program_coordinates(pid, num_query_blocks, batch_size, NUM_HEADS,
-                                               HEAD_SLOWEST)
+    batch, head, row, q_mask, ch, c_mask = query_block(
+        num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
+        BLOCK_Q, BLOCK_C)
 
-    q = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    q_mask = q < num_queries
-    q = tl.minimum(q, num_queries - 1)
-    ch = tl.arange(0, BLOCK_C)
-    c_mask = ch < HEAD_DIM
-
-    row = (batch * num_queries + q) * NUM_HEADS + head
     sample = row * LP
     if LOC_B2QHLP:
         loc_offset = sample + batch * num_queries * NUM_HEADS * LP
@@ -91,12 +100,8 @@ def msda_backward_kernel(
         loc_offset = sample * 2
         y_offset = 1
         LOC_STEP: tl.constexpr = 2
-    if VALUE_BNLC:
-        row_key_base = (batch * NUM_HEADS + head) * total_pixels
-        ROW_KEY_STRIDE: tl.constexpr = 1
-    else:
-        row_key_base = batch * total_pixels * NUM_HEADS + head
-        ROW_KEY_STRIDE: tl.constexpr = NUM_HEADS
+    row_key_base = value_row_base(batch, head, total_pixels, NUM_HEADS, VALUE_BNLC)
+    ROW_KEY_STRIDE: tl.constexpr = 1 if VALUE_BNLC else NUM_HEADS
     ROW_STRIDE: tl.constexpr = ROW_KEY_STRIDE * HEAD_DIM
     value_base = value_ptr + row_key_base * HEAD_DIM
     grad_value_base = grad_value_ptr + row_key_base * HEAD_DIM
@@ -106,52 +111,27 @@ def msda_backward_kernel(
     g = tl.where(q_mask[:, None], g, 0.0)
 
     for level in tl.static_range(NUM_LEVELS):
-        height = tl.load(shapes_ptr + 2 * level)
-        width = tl.load(shapes_ptr + 2 * level + 1)
-        start = tl.load(starts_ptr + level)
+        height, width, start = level_geometry(shapes_ptr, starts_ptr, level)
         for point in tl.static_range(NUM_POINTS):
             lp = level * NUM_POINTS + point
             u = tl.load(loc_ptr + loc_offset + lp * LOC_STEP).to(tl.float32)
             v = tl.load(loc_ptr + loc_offset + y_offset + lp * LOC_STEP).to(tl.float32)
             a = tl.load(attn_ptr + sample + lp).to(tl.float32)
-            x0, x1, fx, vx0, vx1, sx = axis_setup(u, width, ALIGN_CORNERS, BORDER)
-            y0, y1, fy, vy0, vy1, sy = axis_setup(v, height, ALIGN_CORNERS, BORDER)
-            top = start + y0 * width
-            bottom = start + y1 * width
-            r00 = top + x0
-            r01 = top + x1
-            r10 = bottom + x0
-            r11 = bottom + x1
-            if INDEX64:
-                r00 = r00.to(tl.int64)
-                r01 = r01.to(tl.int64)
-                r10 = r10.to(tl.int64)
-                r11 = r11.to(tl.int64)
-            m00 = vx0 & vy0
-            m01 = vx1 & vy0
-            m10 = vx0 & vy1
-            m11 = vx1 & vy1
-            w00 = tl.where(m00, (1.0 - fx) * (1.0 - fy), 0.0)
-            w01 = tl.where(m01, fx * (1.0 - fy), 0.0)
-            w10 = tl.where(m10, (1.0 - fx) * fy, 0.0)
-            w11 = tl.where(m11, fx * fy, 0.0)
+            rows, masks, w, fx, fy, sx, sy = bilinear_corners(
+                u, v, width, height, start, 1.0, True, ALIGN_CORNERS, BORDER, INDEX64, True)
 
             if NEED_DOTS:
-                d00 = _corner_dot(value_base, r00, m00, g, ch, c_mask, ROW_STRIDE)
-                d01 = _corner_dot(value_base, r01, m01, g, ch, c_mask, ROW_STRIDE)
-                d10 = _corner_dot(value_base, r10, m10, g, ch, c_mask, ROW_STRIDE)
-                d11 = _corner_dot(value_base, r11, m11, g, ch, c_mask, ROW_STRIDE)
+                d = _corner_dots(value_base, rows, masks, g, ch[None, :], c_mask[None, :],
+                                 ROW_STRIDE)
                 if COMPUTE_ATTN:
-                    ga = w00 * d00 + w01 * d01 + w10 * d10 + w11 * d11
+                    ga = w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]
                     tl.store(grad_attn_ptr + sample + lp, ga.to(grad_attn_ptr.dtype.element_ty),
                              mask=q_mask)
                 if COMPUTE_LOC:
-                    e00 = tl.where(m00, d00, 0.0)
-                    e01 = tl.where(m01, d01, 0.0)
-                    e10 = tl.where(m10, d10, 0.0)
-                    e11 = tl.where(m11, d11, 0.0)
-                    gx = (1.0 - fy) * (e01 - e00) + fy * (e11 - e10)
-                    gy = (1.0 - fx) * (e10 - e00) + fx * (e11 - e01)
+                    # A masked corner's dot is 0 unless grad_out is non-finite: keep it out.
+                    gx, gy = _location_gradients(
+                        (tl.where(masks[0], d[0], 0.0), tl.where(masks[1], d[1], 0.0),
+                         tl.where(masks[2], d[2], 0.0), tl.where(masks[3], d[3], 0.0)), fx, fy)
                     out_ty = grad_loc_ptr.dtype.element_ty
                     tl.store(grad_loc_ptr + loc_offset + lp * LOC_STEP, (a * sx * gx).to(out_ty),
                              mask=q_mask)
@@ -159,25 +139,14 @@ def msda_backward_kernel(
                              (a * sy * gy).to(out_ty), mask=q_mask)
 
             if COMPUTE_VALUE:
-                if DETERMINISTIC:
-                    entry = (sample + lp) * 4
-                    _write_entry(key_ptr, coef_ptr, entry, row_key_base, r00, a * w00, m00 & q_mask,
-                                 q_mask, key_sentinel, ROW_KEY_STRIDE)
-                    _write_entry(key_ptr, coef_ptr, entry + 1, row_key_base, r01, a * w01,
-                                 m01 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
-                    _write_entry(key_ptr, coef_ptr, entry + 2, row_key_base, r10, a * w10,
-                                 m10 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
-                    _write_entry(key_ptr, coef_ptr, entry + 3, row_key_base, r11, a * w11,
-                                 m11 & q_mask, q_mask, key_sentinel, ROW_KEY_STRIDE)
-                else:
-                    _scatter_corner(grad_value_base, r00, a * w00, m00 & q_mask, g, ch, c_mask,
-                                    ROW_STRIDE)
-                    _scatter_corner(grad_value_base, r01, a * w01, m01 & q_mask, g, ch, c_mask,
-                                    ROW_STRIDE)
-                    _scatter_corner(grad_value_base, r10, a * w10, m10 & q_mask, g, ch, c_mask,
-                                    ROW_STRIDE)
-                    _scatter_corner(grad_value_base, r11, a * w11, m11 & q_mask, g, ch, c_mask,
-                                    ROW_STRIDE)
+                for c in tl.static_range(4):
+                    if DETERMINISTIC:
+                        _write_entry(key_ptr, coef_ptr, (sample + lp) * 4 + c, row_key_base,
+                                     rows[c], a * w[c], masks[c] & q_mask, q_mask, key_sentinel,
+                                     ROW_KEY_STRIDE)
+                    else:
+                        _scatter_corner(grad_value_base, rows[c], a * w[c], masks[c] & q_mask, g,
+                                        ch[None, :], c_mask[None, :], ROW_STRIDE)
 
 
 @triton.jit
@@ -236,46 +205,17 @@ def msda_backward_samples_kernel(
     query's samples are contiguous, so these accesses are coalesced instead of one strided
     element per (level, point)); corners are (BLOCK_Q, BLOCK_S, BLOCK_C) tiles. Same contract
     as ``msda_backward_kernel`` without DETERMINISTIC."""
-    LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
-    pid = tl.program_id(0)
-    if INDEX64:
-        pid = pid.to(tl.int64)
-    head, batch, q_block = program_coordinates(pid, num_query_blocks, batch_size, NUM_HEADS,
-                                               HEAD_SLOWEST)
-
-    q = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    q_mask = q < num_queries
-    q = tl.minimum(q, num_queries - 1)
-    ch = tl.arange(0, BLOCK_C)
-    c_mask = ch < HEAD_DIM
-    s = tl.arange(0, BLOCK_S)
-    s_mask = s < LP
-    s = tl.minimum(s, LP - 1)  # padded samples re-read the last one; all their corners masked
-    level = s // NUM_POINTS
-    height = tl.load(shapes_ptr + 2 * level)
-    width = tl.load(shapes_ptr + 2 * level + 1)
-    start = tl.load(starts_ptr + level)
-
-    row = (batch * num_queries + q) * NUM_HEADS + head
-    sample = row[:, None] * LP + s[None, :]  # (BLOCK_Q, BLOCK_S) flat sample index
-    if LOC_B2QHLP:
-        loc_x = sample + batch * num_queries * NUM_HEADS * LP
-        loc_y = loc_x + num_queries * NUM_HEADS * LP
-    else:
-        loc_x = sample * 2
-        loc_y = loc_x + 1
-    u = tl.load(loc_ptr + loc_x).to(tl.float32)
-    v = tl.load(loc_ptr + loc_y).to(tl.float32)
-    a = tl.load(attn_ptr + sample).to(tl.float32)
+    batch, head, row, q_mask, ch, c_mask = query_block(
+        num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
+        BLOCK_Q, BLOCK_C)
+    s_mask, height, width, start, sample, loc_x, loc_y, u, v, a = sample_tiles(
+        loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_queries, NUM_HEADS,
+        NUM_LEVELS, NUM_POINTS, LOC_B2QHLP, BLOCK_S)
     store_mask = q_mask[:, None] & s_mask[None, :]
     a = tl.where(store_mask, a, 0.0)  # tail queries and padded samples contribute nothing
-    if VALUE_BNLC:
-        row_key_base = (batch * NUM_HEADS + head) * total_pixels
-        ROW_STRIDE: tl.constexpr = HEAD_DIM
-    else:
-        row_key_base = batch * total_pixels * NUM_HEADS + head
-        ROW_STRIDE: tl.constexpr = NUM_HEADS * HEAD_DIM
+    row_key_base = value_row_base(batch, head, total_pixels, NUM_HEADS, VALUE_BNLC)
+    ROW_STRIDE: tl.constexpr = (1 if VALUE_BNLC else NUM_HEADS) * HEAD_DIM
     value_base = value_ptr + row_key_base * HEAD_DIM
     grad_value_base = grad_value_ptr + row_key_base * HEAD_DIM
 
@@ -283,64 +223,24 @@ def msda_backward_samples_kernel(
                 mask=c_mask[None, :], other=0.0).to(tl.float32)
     g3 = g[:, None, :]
 
-    x0, x1, fx, vx0, vx1, sx = axis_setup(u, width[None, :], ALIGN_CORNERS, BORDER)
-    y0, y1, fy, vy0, vy1, sy = axis_setup(v, height[None, :], ALIGN_CORNERS, BORDER)
-    vx0 = vx0 & store_mask
-    vx1 = vx1 & store_mask
-    top = start[None, :] + y0 * width[None, :]
-    bottom = start[None, :] + y1 * width[None, :]
-    r00 = top + x0
-    r01 = top + x1
-    r10 = bottom + x0
-    r11 = bottom + x1
-    if INDEX64:
-        r00 = r00.to(tl.int64)
-        r01 = r01.to(tl.int64)
-        r10 = r10.to(tl.int64)
-        r11 = r11.to(tl.int64)
-    m00 = vx0 & vy0
-    m01 = vx1 & vy0
-    m10 = vx0 & vy1
-    m11 = vx1 & vy1
-    w00 = tl.where(m00, (1.0 - fx) * (1.0 - fy), 0.0)
-    w01 = tl.where(m01, fx * (1.0 - fy), 0.0)
-    w10 = tl.where(m10, (1.0 - fx) * fy, 0.0)
-    w11 = tl.where(m11, fx * fy, 0.0)
+    rows, masks, w, fx, fy, sx, sy = bilinear_corners(
+        u, v, width[None, :], height[None, :], start[None, :], 1.0, store_mask, ALIGN_CORNERS,
+        BORDER, INDEX64, True)  # tail queries and padded samples: every corner masked
     chan = ch[None, None, :]
     cm = c_mask[None, None, :]
 
     if NEED_DOTS:
-        # Masked corners load 0 (a clamped pixel holding inf/NaN cannot leak through a 0 weight).
-        d00 = tl.sum(tl.load(value_base + (r00 * ROW_STRIDE)[:, :, None] + chan,
-                             mask=m00[:, :, None] & cm, other=0.0).to(tl.float32) * g3, axis=2)
-        d01 = tl.sum(tl.load(value_base + (r01 * ROW_STRIDE)[:, :, None] + chan,
-                             mask=m01[:, :, None] & cm, other=0.0).to(tl.float32) * g3, axis=2)
-        d10 = tl.sum(tl.load(value_base + (r10 * ROW_STRIDE)[:, :, None] + chan,
-                             mask=m10[:, :, None] & cm, other=0.0).to(tl.float32) * g3, axis=2)
-        d11 = tl.sum(tl.load(value_base + (r11 * ROW_STRIDE)[:, :, None] + chan,
-                             mask=m11[:, :, None] & cm, other=0.0).to(tl.float32) * g3, axis=2)
+        d = _corner_dots(value_base, rows, masks, g3, chan, cm, ROW_STRIDE)
         if COMPUTE_ATTN:
-            ga = w00 * d00 + w01 * d01 + w10 * d10 + w11 * d11
+            ga = w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]
             tl.store(grad_attn_ptr + sample, ga.to(grad_attn_ptr.dtype.element_ty),
                      mask=store_mask)
         if COMPUTE_LOC:
-            gx = (1.0 - fy) * (d01 - d00) + fy * (d11 - d10)
-            gy = (1.0 - fx) * (d10 - d00) + fx * (d11 - d01)
+            gx, gy = _location_gradients(d, fx, fy)
             out_ty = grad_loc_ptr.dtype.element_ty
             tl.store(grad_loc_ptr + loc_x, (a * sx * gx).to(out_ty), mask=store_mask)
             tl.store(grad_loc_ptr + loc_y, (a * sy * gy).to(out_ty), mask=store_mask)
 
     if COMPUTE_VALUE:
-        acc_ty = grad_value_base.dtype.element_ty
-        tl.atomic_add(grad_value_base + (r00 * ROW_STRIDE)[:, :, None] + chan,
-                      ((a * w00)[:, :, None] * g3).to(acc_ty), mask=m00[:, :, None] & cm,
-                      sem="relaxed")
-        tl.atomic_add(grad_value_base + (r01 * ROW_STRIDE)[:, :, None] + chan,
-                      ((a * w01)[:, :, None] * g3).to(acc_ty), mask=m01[:, :, None] & cm,
-                      sem="relaxed")
-        tl.atomic_add(grad_value_base + (r10 * ROW_STRIDE)[:, :, None] + chan,
-                      ((a * w10)[:, :, None] * g3).to(acc_ty), mask=m10[:, :, None] & cm,
-                      sem="relaxed")
-        tl.atomic_add(grad_value_base + (r11 * ROW_STRIDE)[:, :, None] + chan,
-                      ((a * w11)[:, :, None] * g3).to(acc_ty), mask=m11[:, :, None] & cm,
-                      sem="relaxed")
+        for c in tl.static_range(4):
+            _scatter_corner(grad_value_base, rows[c], a * w[c], masks[c], g3, chan, cm, ROW_STRIDE)

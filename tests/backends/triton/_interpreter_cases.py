@@ -17,36 +17,22 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.check_gpu import (  # noqa: E402
+    NONFINITE_SHAPES, border_pixels, make_inputs, nonfinite_value_inputs)
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref  # noqa: E402
 from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
+from nkilib_msda.workloads import relative_l2 as rel_l2  # noqa: E402
 
 SHAPES = ((5, 7), (3, 4))
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-
-
-def rel_l2(got, want) -> float:
-    got = got.detach().double().numpy() if hasattr(got, "detach") else np.asarray(got, np.float64)
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    scale = np.linalg.norm(want)
-    return float(np.linalg.norm(got - want) / scale) if scale > 0 else float(np.linalg.norm(got))
 
 
 def make(seed, batch=2, queries=11, heads=2, channels=8, points=3, dtype=torch.float32,
          value_layout="BLNC", loc_layout="BQHLP2", shapes=SHAPES):
-    gen = torch.Generator().manual_seed(seed)
-    pixels = sum(h * w for h, w in shapes)
-    value = torch.randn(batch, pixels, heads, channels, generator=gen)
-    loc = torch.rand(batch, queries, heads, len(shapes), points, 2, generator=gen) * 1.4 - 0.2
-    attn = torch.rand(batch, queries, heads, len(shapes), points, generator=gen)
-    grad = torch.randn(batch, queries, heads * channels, generator=gen)
-    value, loc, attn, grad = (t.to(dtype) for t in (value, loc, attn, grad))
-    if value_layout == "BNLC":
-        value = value.transpose(1, 2).contiguous()
-    if loc_layout == "B2QHLP":
-        loc = loc.permute(0, 5, 1, 2, 3, 4).contiguous()
-    return value, loc, attn, grad
+    """The GPU check's inputs (benchmarks/check_gpu.py) on the CPU; 20 % of the location range
+    falls outside the map on each side."""
+    return make_inputs(batch, queries, heads, channels, shapes, points, dtype, value_layout,
+                       loc_layout, spread=1.4, device="cpu", seed=seed)
 
 
 def compare(value, loc, attn, grad, shapes, options, plan_changes=None, compute=(True, True, True),
@@ -188,42 +174,10 @@ def case_nonfinite_coordinates():
     return errors, bool(torch.isfinite(grads[1]).all())
 
 
-NONFINITE_SHAPES = ((6, 7), (5, 6))
-
-
-def _border_pixels(shapes):
-    """Flat pixel indices on the edge of each level."""
-    out, start = [], 0
-    for h, w in shapes:
-        for y in range(h):
-            for x in range(w):
-                if y in (0, h - 1) or x in (0, w - 1):
-                    out.append(start + y * w + x)
-        start += h * w
-    return out
-
-
-def nonfinite_value_inputs(seed, queries=10):
-    """Interior samples (their corners never touch an edge pixel) plus samples far outside the
-    map, whose masked corners are clamped onto edge pixels that hold inf / -inf / NaN."""
-    v, l, a, g = make(seed, batch=1, queries=queries, shapes=NONFINITE_SHAPES)
-    l = 0.35 + 0.3 * torch.rand(l.shape, generator=torch.Generator().manual_seed(seed + 100))
-    l[0, ::2, 0, 0, 0, :] = -0.6  # every corner left of / above the map
-    l[0, 1::3, 1, 1, 1, :] = 1.6  # every corner right of / below the map
-    l[0, 2::4, 0, 1, 2, 0] = -3.0  # x outside, y inside: still all four corners masked
-    border = _border_pixels(NONFINITE_SHAPES)
-    clean = v.clone()
-    clean[:, border] = 0.0
-    bad = v.clone()
-    for i, pixel in enumerate(border):
-        bad[:, pixel] = (float("inf"), float("-inf"), float("nan"))[i % 3]
-    return clean, bad, l, a, g
-
-
 def case_nonfinite_values_outside_map():
     """A masked corner contributes nothing even when the pixel it is clamped to holds inf/NaN
     (forward and every gradient); an in-map corner reading inf/NaN still propagates."""
-    clean, bad, l, a, g = nonfinite_value_inputs(11)
+    clean, bad, l, a, g = nonfinite_value_inputs(1, 10, 2, 8, device="cpu", seed=11)
     problem = validate_msda_args(bad, NONFINITE_SHAPES, None, l, a)
     results = []
     for changes in (_blocks(), dict(_blocks(4, 4), forward_kernel="samples",
@@ -246,7 +200,7 @@ def case_nonfinite_values_outside_map():
     # gradients are non-finite as in the float64 reference.
     hot = bad.clone()
     hot[:, 2 * 7 + 3] = float("inf")  # level 0, row 2, column 3 (interior)
-    hot[:, _border_pixels(NONFINITE_SHAPES)] = clean[:, _border_pixels(NONFINITE_SHAPES)]
+    hot[:, border_pixels(NONFINITE_SHAPES)] = clean[:, border_pixels(NONFINITE_SHAPES)]
     out = tb.msda_forward(hot, problem, l, a)
     grads = tb.msda_backward(g, hot, problem, l, a)
     hot64 = hot.double().numpy()

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.validation.msda import MSDAProblem  # noqa: E402
+from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args  # noqa: E402
 from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
 
@@ -21,15 +21,12 @@ def _fresh_contexts():
 
 def problem(batch=2, queries=22223, heads=8, channels=32, levels=DDETR, points=4,
             padding_mode="zeros") -> MSDAProblem:
-    starts, acc = [], 0
-    for h, w in levels:
-        starts.append(acc)
-        acc += h * w
-    return MSDAProblem(batch=batch, num_queries=queries, num_heads=heads, head_dim=channels,
-                       num_levels=len(levels), num_points=points, spatial_shapes=tuple(levels),
-                       level_start_index=tuple(starts), value_layout="BLNC",
-                       sampling_locations_layout="BQHLP2", align_corners=False,
-                       padding_mode=padding_mode)
+    """The validated problem of these sizes (BLNC, BQHLP2), from shape-only meta tensors."""
+    pixels = sum(h * w for h, w in levels)
+    value = torch.empty(batch, pixels, heads, channels, device="meta")
+    loc = torch.empty(batch, queries, heads, len(levels), points, 2, device="meta")
+    attn = torch.empty(batch, queries, heads, len(levels), points, device="meta")
+    return validate_msda_args(value, levels, None, loc, attn, padding_mode=padding_mode)
 
 
 def test_encoder_plan_uses_16_byte_vectors_per_thread():
