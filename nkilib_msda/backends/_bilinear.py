@@ -50,8 +50,10 @@ def reflect(px: torch.Tensor, size: torch.Tensor, align_corners: bool
             torch.where(degenerate, torch.zeros_like(sign), sign))
 
 
-def axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode: str) -> Axis:
-    """Corners, fractions and derivative of one normalized coordinate; ``size`` per level (N_l, 1)."""
+def axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode: str,
+         index_dtype: torch.dtype = torch.int64) -> Axis:
+    """Corners, fractions and derivative of one normalized coordinate; ``size`` per level (N_l, 1).
+    Indices in ``index_dtype`` (int32 is exact: they lie in [-2, size + 2])."""
     scale = (size - 1.0) if align_corners else size
     px = u * scale - (0.0 if align_corners else 0.5)
     px = torch.where(scale == 0, torch.zeros_like(px), px)  # 1-pixel axis with align_corners
@@ -71,9 +73,9 @@ def axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode:
         px = torch.minimum(torch.maximum(px, torch.zeros_like(px)), size - 1.0)
         deriv = deriv * inside
     lower = torch.floor(px)
-    index0 = lower.to(torch.int64)
+    index0 = lower.to(index_dtype)
     index1 = index0 + 1
-    isize = size.to(torch.int64)
+    isize = size.to(index_dtype)
     valid0 = usable & (index0 >= 0) & (index0 < isize)
     valid1 = usable & (index1 >= 0) & (index1 < isize)
     zero = torch.zeros_like(index0)
@@ -82,7 +84,6 @@ def axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode:
         index0=torch.minimum(torch.maximum(index0, zero), last),
         index1=torch.minimum(torch.maximum(index1, zero), last),
         valid0=valid0, valid1=valid1, frac=px - lower, deriv=deriv)
-
 
 
 @dataclass(frozen=True)
