@@ -55,35 +55,35 @@ def axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode:
     """Corners, fractions and derivative of one normalized coordinate; ``size`` per level (N_l, 1).
     Indices in ``index_dtype`` (int32 is exact: they lie in [-2, size + 2])."""
     scale = (size - 1.0) if align_corners else size
-    px = u * scale - (0.0 if align_corners else 0.5)
-    px = torch.where(scale == 0, torch.zeros_like(px), px)  # 1-pixel axis with align_corners
-    usable = torch.isfinite(u) if padding_mode == "reflection" else ~torch.isnan(u)
+    if align_corners:
+        px = torch.where(scale == 0, 0.0, u * scale)  # 1-pixel axis: scale 0 (and inf * 0)
+    else:
+        px = u * scale - 0.5
     if padding_mode == "reflection":
-        usable = usable & torch.isfinite(px)
-    px = torch.where(usable, px, torch.zeros_like(px))
-    deriv = torch.where(usable, scale.expand_as(px), torch.zeros_like(px))
+        usable = torch.isfinite(u) & torch.isfinite(px)
+    else:
+        usable = u == u  # not NaN
+    px = torch.where(usable, px, 0.0)
+    deriv = torch.where(usable, scale, 0.0)
     if padding_mode == "zeros":
         # Beyond [-2, size+1] both corners are outside anyway; this only bounds the indices.
-        px = torch.minimum(torch.maximum(px, torch.full_like(px, -2.0)), size + 1.0)
+        px = torch.minimum(px.clamp_min(-2.0), size + 1.0)
     else:
         if padding_mode == "reflection":
             px, sign = reflect(px, size, align_corners)
             deriv = deriv * sign
         inside = (px > 0) & (px < size - 1.0)
-        px = torch.minimum(torch.maximum(px, torch.zeros_like(px)), size - 1.0)
+        px = torch.minimum(px.clamp_min(0.0), size - 1.0)
         deriv = deriv * inside
     lower = torch.floor(px)
     index0 = lower.to(index_dtype)
     index1 = index0 + 1
-    isize = size.to(index_dtype)
-    valid0 = usable & (index0 >= 0) & (index0 < isize)
-    valid1 = usable & (index1 >= 0) & (index1 < isize)
-    zero = torch.zeros_like(index0)
-    last = (isize - 1).expand_as(index0)
-    return Axis(
-        index0=torch.minimum(torch.maximum(index0, zero), last),
-        index1=torch.minimum(torch.maximum(index1, zero), last),
-        valid0=valid0, valid1=valid1, frac=px - lower, deriv=deriv)
+    last = size.to(index_dtype) - 1
+    clamped0 = torch.minimum(index0.clamp_min(0), last)
+    clamped1 = torch.minimum(index1.clamp_min(0), last)
+    return Axis(index0=clamped0, index1=clamped1,
+                valid0=usable & (clamped0 == index0), valid1=usable & (clamped1 == index1),
+                frac=px - lower, deriv=deriv)
 
 
 @dataclass(frozen=True)
