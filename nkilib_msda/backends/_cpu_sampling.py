@@ -78,10 +78,11 @@ def _index_dtype(num_value_rows: int) -> torch.dtype:
 
 def _corners(problem: MSDAProblem, levels: LevelTables, u: torch.Tensor, v: torch.Tensor,
              index_dtype: torch.dtype) -> _Corners:
-    """Corner terms for normalized ``u``, ``v`` of shape (B, q, N_h, N_l, N_p)."""
+    """Corner terms for normalized ``u``, ``v`` of shape (B, q, N_h, N_l, N_p); both axes go
+    through :func:`axis` together (half the tensor ops)."""
     p = problem
-    ax = axis(u, levels.widths, p.align_corners, p.padding_mode, index_dtype)
-    ay = axis(v, levels.heights, p.align_corners, p.padding_mode, index_dtype)
+    sizes = torch.stack((levels.widths, levels.heights)).view(2, 1, 1, 1, p.num_levels, 1)
+    a = axis(torch.stack((u, v)), sizes, p.align_corners, p.padding_mode, index_dtype)
     heads = torch.arange(p.num_heads, dtype=index_dtype, device=u.device)
     batches = torch.arange(p.batch, dtype=index_dtype, device=u.device)[:, None]
     if p.value_layout == "BLNC":  # row = (b*L + pixel)*N_h + h
@@ -90,15 +91,16 @@ def _corners(problem: MSDAProblem, levels: LevelTables, u: torch.Tensor, v: torc
     else:  # BNLC: row = (b*N_h + h)*L + pixel
         pixel_stride = 1
         base = (batches * p.num_heads + heads) * p.total_pixels
-    widths = levels.widths.to(index_dtype)
-    line = torch.stack((ay.index0, ay.index1)) * widths + levels.starts.to(index_dtype)
-    row_y = line * pixel_stride + base[:, None, :, None, None]
-    row_x = torch.stack((ax.index0, ax.index1)) * pixel_stride
-    rows = row_y[:, None] + row_x[None, :]
-    inside = torch.stack((ay.valid0, ay.valid1))[:, None] & torch.stack((ax.valid0, ax.valid1))[None, :]
-    fy = torch.stack((1 - ay.frac, ay.frac))
-    fx = torch.stack((1 - ax.frac, ax.frac))
-    return _Corners(rows=rows, inside=inside, fy=fy, fx=fx, deriv_y=ay.deriv, deriv_x=ax.deriv)
+    # Small (…, N_l, 1) tables: row of pixel (y, x) = y * line_stride + line_base + x * pixel_stride.
+    line_stride = levels.widths.to(index_dtype) * pixel_stride
+    line_base = levels.starts.to(index_dtype) * pixel_stride + base[:, None, :, None, None]
+    index = torch.stack((a.index0, a.index1), dim=1)  # (x/y, corner 0/1, …)
+    row_y = index[1] * line_stride + line_base
+    row_x = index[0] * pixel_stride if pixel_stride != 1 else index[0]
+    valid = torch.stack((a.valid0, a.valid1), dim=1)
+    factors = torch.stack((1 - a.frac, a.frac), dim=1)
+    return _Corners(rows=row_y[:, None] + row_x[None, :], inside=valid[1][:, None] & valid[0][None, :],
+                    fy=factors[1], fx=factors[0], deriv_y=a.deriv[1], deriv_x=a.deriv[0])
 
 
 def _blocks(n: int, rows_per_item: int) -> list[tuple[int, int]]:
