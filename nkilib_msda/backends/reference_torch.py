@@ -13,6 +13,11 @@ The backward is analytic (gather + ``index_add_``): autograd is off inside custo
 implementations, so it may not rely on ``torch.autograd``. Coordinates and accumulation are
 float64 for float64 inputs and float32 otherwise.
 
+CPU tensors take :mod:`._cpu_sampling` instead (the same results from weighted row lookups:
+``embedding_bag`` forward, a sorted segmented sum for grad_value; docs/performance.md, "CPU");
+the general path below runs on every other device, and on CPU recomputes a forward whose
+output is not finite (the one case where the two formulations could differ).
+
 This module also holds the Block AttnRes reference (closed-form torch, see
 docs/block_attn_res.md), registered for both operator families in :mod:`nkilib_msda.backends`.
 """
@@ -195,9 +200,10 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     """(grad_value, grad_sampling_locations, grad_attention_weights) in the input layouts.
 
     Gradients come back in the compute dtype (float32, or float64 for float64 inputs);
-    those not requested in ``compute`` are zeros. The grad_value scatter (``index_add_``) is
-    deterministic on CPU; on CUDA it is made so for ``deterministic=True`` by PyTorch's
-    deterministic-algorithms mode (otherwise it follows the global setting).
+    those not requested in ``compute`` are zeros. On CPU the grad_value sum runs in a fixed
+    order (bitwise reproducible, whatever the thread count); on CUDA the ``index_add_`` scatter
+    is made deterministic for ``deterministic=True`` by PyTorch's deterministic-algorithms mode
+    (otherwise it follows the global setting).
     """
     p = problem
     want_value, want_loc, want_attn = compute

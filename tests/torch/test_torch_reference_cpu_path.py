@@ -111,7 +111,7 @@ def test_chunks_blocks_and_int64_indices_give_the_same_results(monkeypatch):
     whole = (reference_torch.msda_forward(*args),
              reference_torch.msda_backward(inputs.grad_output, *args))
     monkeypatch.setattr(reference_torch, "_GATHER_ELEMENTS_PER_CHUNK", 3 * 2 * 3 * 4 * 3 * 4 * 2)
-    monkeypatch.setattr(_cpu_sampling, "_GATHER_ROWS_PER_BLOCK", 7)
+    monkeypatch.setattr(_cpu_sampling, "_GATHER_BYTES_PER_BLOCK", 7)
     monkeypatch.setattr(_cpu_sampling, "_index_dtype", lambda rows: torch.int64)
     assert len(reference_torch._cpu_chunks(problem)) == 4
     chunked = (reference_torch.msda_forward(*args),
