@@ -13,6 +13,11 @@ The backward is analytic (gather + ``index_add_``): autograd is off inside custo
 implementations, so it may not rely on ``torch.autograd``. Coordinates and accumulation are
 float64 for float64 inputs and float32 otherwise.
 
+CPU tensors take :mod:`._cpu_sampling` instead (the same results from weighted row lookups:
+``embedding_bag`` forward, a sorted segmented sum for grad_value; docs/performance.md, "CPU");
+the general path below runs on every other device, and on CPU recomputes a forward whose
+output is not finite (the one case where the two formulations could differ).
+
 This module also holds the Block AttnRes reference (closed-form torch, see
 docs/block_attn_res.md), registered for both operator families in :mod:`nkilib_msda.backends`.
 """
@@ -25,6 +30,8 @@ from typing import Iterator
 
 import torch
 
+from nkilib_msda.backends import _cpu_sampling
+from nkilib_msda.backends._bilinear import LevelTables, axis, level_tables
 from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
 from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, PADDING_MODES, MSDAProblem
 
@@ -41,6 +48,8 @@ CAPABILITIES = Capabilities(
 # Gathered corner values held at once (B * q * N_h * N_l * N_p * 4 * C_h elements): queries are
 # processed in chunks below this, so memory stays bounded for encoder-size problems.
 _GATHER_ELEMENTS_PER_CHUNK = 1 << 22
+# CPU tensors take the embedding_bag formulation of _cpu_sampling (same results, faster).
+_CPU_PATH = True
 
 
 def is_available() -> bool:
@@ -99,77 +108,6 @@ def _to_location_layout(grad_u: torch.Tensor, grad_v: torch.Tensor, problem: MSD
     return torch.stack((grad_u, grad_v), dim=axis)
 
 
-# ------------------------------------------------------- per-axis coordinates
-
-
-@dataclass(frozen=True)
-class _Axis:
-    """Bilinear data along one axis; tensors shaped like the samples (B, N_q, N_h, N_l, N_p).
-
-    ``index0/index1`` are corner indices clamped into the map; ``valid0/valid1`` whether the
-    unclamped corner lies inside it (and the sample is usable); ``frac`` = p - floor(p);
-    ``deriv`` = d p / d u (0 where clipped or unusable, negative where reflected).
-    """
-
-    index0: torch.Tensor
-    index1: torch.Tensor
-    valid0: torch.Tensor
-    valid1: torch.Tensor
-    frac: torch.Tensor
-    deriv: torch.Tensor
-
-
-def _reflect(px: torch.Tensor, size: torch.Tensor, align_corners: bool
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mirror about 0 and size-1 (align_corners) or -0.5 and size-0.5; returns (coord, +-1)."""
-    low = torch.zeros_like(size) if align_corners else torch.full_like(size, -0.5)
-    span = (size - 1.0) if align_corners else size
-    safe_span = torch.where(span > 0, span, torch.ones_like(span))
-    offset = px - low
-    sign = torch.where(offset < 0, -1.0, 1.0).to(px.dtype)
-    folded = torch.fmod(offset.abs(), 2.0 * safe_span)
-    mirrored = folded >= safe_span
-    reflected = torch.where(mirrored, 2.0 * safe_span - folded, folded) + low
-    sign = torch.where(mirrored, -sign, sign)
-    degenerate = span <= 0  # a single pixel with align_corners: everything maps to 0
-    return (torch.where(degenerate, torch.zeros_like(px), reflected),
-            torch.where(degenerate, torch.zeros_like(sign), sign))
-
-
-def _axis(u: torch.Tensor, size: torch.Tensor, align_corners: bool, padding_mode: str) -> _Axis:
-    """Corners, fractions and derivative of one normalized coordinate; ``size`` per level (N_l, 1)."""
-    scale = (size - 1.0) if align_corners else size
-    px = u * scale - (0.0 if align_corners else 0.5)
-    px = torch.where(scale == 0, torch.zeros_like(px), px)  # 1-pixel axis with align_corners
-    usable = torch.isfinite(u) if padding_mode == "reflection" else ~torch.isnan(u)
-    if padding_mode == "reflection":
-        usable = usable & torch.isfinite(px)
-    px = torch.where(usable, px, torch.zeros_like(px))
-    deriv = torch.where(usable, scale.expand_as(px), torch.zeros_like(px))
-    if padding_mode == "zeros":
-        # Beyond [-2, size+1] both corners are outside anyway; this only bounds the indices.
-        px = torch.minimum(torch.maximum(px, torch.full_like(px, -2.0)), size + 1.0)
-    else:
-        if padding_mode == "reflection":
-            px, sign = _reflect(px, size, align_corners)
-            deriv = deriv * sign
-        inside = (px > 0) & (px < size - 1.0)
-        px = torch.minimum(torch.maximum(px, torch.zeros_like(px)), size - 1.0)
-        deriv = deriv * inside
-    lower = torch.floor(px)
-    index0 = lower.to(torch.int64)
-    index1 = index0 + 1
-    isize = size.to(torch.int64)
-    valid0 = usable & (index0 >= 0) & (index0 < isize)
-    valid1 = usable & (index1 >= 0) & (index1 < isize)
-    zero = torch.zeros_like(index0)
-    last = (isize - 1).expand_as(index0)
-    return _Axis(
-        index0=torch.minimum(torch.maximum(index0, zero), last),
-        index1=torch.minimum(torch.maximum(index1, zero), last),
-        valid0=valid0, valid1=valid1, frac=px - lower, deriv=deriv)
-
-
 # ------------------------------------------------------- bilinear sampling terms
 
 
@@ -186,32 +124,13 @@ class _Terms:
     d_dv: torch.Tensor
 
 
-@dataclass(frozen=True)
-class _LevelTables:
-    """Per-level (N_l, 1) columns: heights and widths in the compute dtype, int64 starts."""
-
-    heights: torch.Tensor
-    widths: torch.Tensor
-    starts: torch.Tensor
-
-
-def _level_tables(problem: MSDAProblem, dtype: torch.dtype, device: torch.device) -> _LevelTables:
-    """Built once per call from one host-to-device copy (not three per query chunk)."""
-    p = problem
-    table = torch.tensor([[h for h, _ in p.spatial_shapes], [w for _, w in p.spatial_shapes],
-                          list(p.level_start_index)], dtype=torch.int64, device=device)
-    sizes = table[:2].to(dtype)  # exact: map sizes are far below 2**24
-    return _LevelTables(heights=sizes[0][:, None], widths=sizes[1][:, None],
-                        starts=table[2][:, None])
-
-
-def _terms(problem: MSDAProblem, levels: _LevelTables, u: torch.Tensor, v: torch.Tensor) -> _Terms:
+def _terms(problem: MSDAProblem, levels: LevelTables, u: torch.Tensor, v: torch.Tensor) -> _Terms:
     """Bilinear terms for normalized coordinates ``u``, ``v`` of shape (B, q, N_h, N_l, N_p)."""
     p = problem
     device, dtype = u.device, u.dtype
     heights, widths, starts = levels.heights, levels.widths, levels.starts
-    ax = _axis(u, widths, p.align_corners, p.padding_mode)
-    ay = _axis(v, heights, p.align_corners, p.padding_mode)
+    ax = axis(u, widths, p.align_corners, p.padding_mode)
+    ay = axis(v, heights, p.align_corners, p.padding_mode)
 
     def corners(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return torch.stack((a, b, c, d), dim=-1)
@@ -233,12 +152,24 @@ def _terms(problem: MSDAProblem, levels: _LevelTables, u: torch.Tensor, v: torch
                   d_du=gx * ax.deriv[..., None], d_dv=gy * ay.deriv[..., None])
 
 
-def _query_chunks(problem: MSDAProblem) -> list[slice]:
-    """Query ranges whose gathered corner values stay below ``_GATHER_ELEMENTS_PER_CHUNK``."""
+def _use_cpu_path(value: torch.Tensor) -> bool:
+    """The embedding_bag formulation (:mod:`._cpu_sampling`) on CPU tensors, unless switched off
+    (``_CPU_PATH = False``, which the tests use to compare it with the general path)."""
+    return _CPU_PATH and value.device.type == "cpu"
+
+
+def _query_chunks(problem: MSDAProblem, elements_per_corner: int | None = None) -> list[slice]:
+    """Query ranges whose corners hold below ``_GATHER_ELEMENTS_PER_CHUNK`` elements: C_h
+    gathered values each (general path) or ``elements_per_corner``."""
     p = problem
-    per_query = p.batch * p.num_heads * p.num_levels * p.num_points * 4 * p.head_dim
+    per_corner = p.head_dim if elements_per_corner is None else elements_per_corner
+    per_query = p.batch * p.num_heads * p.num_levels * p.num_points * 4 * per_corner
     step = max(1, _GATHER_ELEMENTS_PER_CHUNK // per_query)
     return [slice(q0, min(q0 + step, p.num_queries)) for q0 in range(0, p.num_queries, step)]
+
+
+def _cpu_chunks(problem: MSDAProblem) -> list[slice]:
+    return _query_chunks(problem, _cpu_sampling.ELEMENTS_PER_CORNER)
 
 
 def _gather(value_rows: torch.Tensor, terms: _Terms) -> torch.Tensor:
@@ -260,10 +191,13 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
     dtype = _compute_dtype(value, sampling_locations, attention_weights)
     u, v = _locations_xy(sampling_locations, p, dtype)
     attn = attention_weights.to(dtype)
-    value_rows = _value_rows(value, p, dtype)
     out = torch.empty(p.batch, p.num_queries, p.num_heads, p.head_dim, dtype=dtype,
                       device=value.device)
-    levels = _level_tables(p, dtype, u.device)
+    levels = level_tables(p, dtype, u.device)
+    if _use_cpu_path(value) and _cpu_sampling.forward(
+            _cpu_sampling.value_matrix(value, dtype), p, levels, u, v, attn, out, _cpu_chunks(p)):
+        return out.reshape(p.output_shape).to(value.dtype)
+    value_rows = _value_rows(value, p, dtype)
     for qs in _query_chunks(p):
         terms = _terms(p, levels, u[:, qs], v[:, qs])
         coef = terms.weights * attn[:, qs, ..., None]  # (B, q, H, Nl, P, 4)
@@ -280,9 +214,10 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     """(grad_value, grad_sampling_locations, grad_attention_weights) in the input layouts.
 
     Gradients come back in the compute dtype (float32, or float64 for float64 inputs);
-    those not requested in ``compute`` are zeros. The grad_value scatter (``index_add_``) is
-    deterministic on CPU; on CUDA it is made so for ``deterministic=True`` by PyTorch's
-    deterministic-algorithms mode (otherwise it follows the global setting).
+    those not requested in ``compute`` are zeros. On CPU the grad_value sum runs in a fixed
+    order (bitwise reproducible, whatever the thread count); on CUDA the ``index_add_`` scatter
+    is made deterministic for ``deterministic=True`` by PyTorch's deterministic-algorithms mode
+    (otherwise it follows the global setting).
     """
     p = problem
     want_value, want_loc, want_attn = compute
@@ -290,12 +225,19 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     u, v = _locations_xy(sampling_locations, p, dtype)
     attn = attention_weights.to(dtype)
     grad = grad_output.to(dtype).reshape(p.batch, p.num_queries, p.num_heads, p.head_dim)
+    levels = level_tables(p, dtype, u.device)
+    if _use_cpu_path(value):
+        value_matrix = _cpu_sampling.value_matrix(value, dtype)
+        grad_rows, grad_u, grad_v, grad_attn = _cpu_sampling.backward(
+            grad, value_matrix, p, levels, u, v, attn, compute, _cpu_chunks(p))
+        grad_loc = (_to_location_layout(grad_u, grad_v, p) if want_loc
+                    else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
+        return grad_rows.view(p.value_shape), grad_loc, grad_attn
     value_rows = _value_rows(value, p, dtype)
     grad_value = torch.zeros_like(value_rows)
     grad_u = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)
     grad_v = torch.zeros_like(grad_u)
     grad_attn = torch.zeros_like(grad_u)
-    levels = _level_tables(p, dtype, u.device)
     for qs in _query_chunks(p):
         terms = _terms(p, levels, u[:, qs], v[:, qs])
         g = grad[:, qs]
@@ -309,6 +251,9 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
         if want_loc or want_attn:
             sampled = _gather(value_rows, terms)
             dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g)  # <g, V[row_c]>
+            # 0, not 0 * g, outside the map: an inf/NaN grad_output row of a query that reads
+            # nothing leaves its own gradients at 0 (as in the NumPy reference).
+            dots = torch.where(terms.inside, dots, torch.zeros((), dtype=dtype, device=dots.device))
             if want_attn:
                 grad_attn[:, qs] = (terms.weights * dots).sum(-1)
             if want_loc:
