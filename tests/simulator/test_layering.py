@@ -25,7 +25,7 @@ ROOT = Path(simulator_pkg.__file__).parent
 LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
-    ("timing model", {"timing", "timing.constants", "timing.costs", "timing.recorder",
+    ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.recorder",
                       "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),
@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("nl namespace", {"language", "lnc"}),
     ("nl wrappers", {"wrappers"}),
     ("progress display", {"progress"}),
+    ("kernel arguments and outputs", {"kernel_io"}),
     ("jit/simulate", {"source_rules", "jit"}),
     ("package", {""}),
 ]

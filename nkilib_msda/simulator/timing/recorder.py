@@ -24,12 +24,12 @@ new node waits for (the latest-ending reader at nominal for write-after-read).
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
 
 from nkilib_msda.simulator.timing.constants import PARAM_NAMES, hardware_for, param_vector
+from nkilib_msda.simulator.timing.guard import TimingWarning, guarded
 from nkilib_msda.simulator.timing.costs import (Operand, compute_cycles, matmul_cycles,
                                                 transpose_cycles)
 
@@ -113,30 +113,6 @@ class _Program:
         self.res = {name: base + i for i, name in enumerate(names)}
         self.reads: list[tuple[Any, ...]] = []  # noted, resolved by Timeline._take
         self.writes: list[tuple[Any, ...]] = []
-
-
-class TimingWarning(UserWarning):
-    """The timing model could not record an instruction; the run has no ``report.timing``."""
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _guarded(method: _F) -> _F:
-    """A failure of the timing model must not break the emulation: the first exception is
-    kept in ``Timeline.failure`` and the recorder stops (jit.py warns, timing is None)."""
-
-    @functools.wraps(method)
-    def wrapper(self: "Timeline", *args: Any, **kwargs: Any) -> Any:
-        if self.failure is not None:
-            return None
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - reported through TimingWarning
-            self.failure = f"{method.__name__}: {type(exc).__name__}: {exc}"
-            return None
-
-    return wrapper  # type: ignore[return-value]
 
 
 class Timeline:
@@ -380,7 +356,7 @@ class Timeline:
                     accesses.append(acc)
         return out
 
-    @_guarded
+    @guarded
     def compute(self, program: int, engine: str, opcode: str, elements: int) -> None:
         """One compute instruction (``engine`` as in the cost report)."""
         if engine == "dma":
@@ -418,7 +394,7 @@ class Timeline:
                               _P["dependency_latency_ns"], deps, opcode)
         self._update(spans, node, end)
 
-    @_guarded
+    @guarded
     def dma(self, program: int, opcode: str, kind: str, direction: str, elements: int,
             nbytes: int, hbm_bytes: int, descriptors: dict[int, int] | None,
             queue: str | None = None) -> None:
@@ -487,7 +463,7 @@ class Timeline:
                               order=same_queue)
         self._update(spans, node, end)
 
-    @_guarded
+    @guarded
     def barrier(self, program: int) -> None:
         """``core_barrier`` of an LNC 2 run: when the last program arrives, one node on every
         resource of every core (a full drain and release)."""
