@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from nkilib_msda.workloads import (  # noqa: F401
     PRESETS, S4, MSDACase, compare, make_inputs, numpy_dtype)
 from nkilib_msda.workloads import tolerance as _tolerance
 
 __all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",
-           "BEVFORMER_SLOW", "tolerance", "assert_close", "case"]
+           "BEVFORMER_SLOW", "MATRIX_CASES", "tolerance", "assert_close", "case"]
 
 
 def case(name: str, **kw) -> MSDACase:
@@ -56,6 +57,12 @@ BEVFORMER_SLOW = (
     case("bev-small-decoder", num_queries=900, num_points=4, spatial_shapes=((150, 150),),
          locations_layout="B2QHLP"),
 )
+
+# What both kernels' matrix tests run at lnc=2: the upstream cases, the fast BEVFormer case and,
+# marked slow, the BEVFormer model sizes.
+MATRIX_CASES = tuple(
+    [pytest.param(c, id=c.name) for c in (*BASIC_CASES, BEVFORMER_FAST)]
+    + [pytest.param(c, id=c.name, marks=pytest.mark.slow) for c in BEVFORMER_SLOW])
 
 
 def tolerance(value_dtype: str) -> float:
