@@ -73,6 +73,22 @@ def _tiny_detr_config():
         encoder_n_points=2, decoder_n_points=2, num_labels=3)
 
 
+def _copy_kernel():
+    """An ``nki.jit`` kernel returning a copy of its input, staged through SBUF (the emulator is
+    imported only when a test asks for it)."""
+    from nkilib_msda._nki import nki, nl, nisa
+
+    @nki.jit
+    def copy(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        tile = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(tile, x)
+        nisa.dma_copy(out, tile)
+        return out
+
+    return copy
+
+
 def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
                   ) -> tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]:
     """(code to run, the elided names it needs, a check of its results)."""
@@ -227,17 +243,7 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         checks.append(check_block_attn_res)
 
     if "simulate(kernel" in code:
-        from nkilib_msda._nki import nki, nl, nisa
-
-        @nki.jit
-        def kernel(value):
-            out = nl.ndarray(value.shape, value.dtype, buffer=nl.shared_hbm)
-            tile = nl.ndarray(value.shape, value.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(tile, value)
-            nisa.dma_copy(out, tile)
-            return out
-
-        names.update(kernel=kernel, value=rng.standard_normal((4, 8)).astype(np.float32))
+        names.update(kernel=_copy_kernel(), value=rng.standard_normal((4, 8)).astype(np.float32))
         code = code.replace("(value, ...)", "(value)")
 
         def check_simulate(ns: dict[str, Any]) -> None:
@@ -346,16 +352,7 @@ def test_api_simulate(monkeypatch):
     assert code[len(documented)] == ("report", "positional", False)  # simulate(..., report=True)
     assert issubclass(NkiError, Exception)
 
-    from nkilib_msda._nki import nki, nl, nisa
-
-    @nki.jit
-    def copy(x):
-        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        tile = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(tile, x)
-        nisa.dma_copy(out, tile)
-        return out
-
+    copy = _copy_kernel()
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     out, report = simulate(copy, report=True)(x)
