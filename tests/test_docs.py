@@ -279,8 +279,8 @@ def test_every_doc_with_snippets_has_some():
 _API = (ROOT / "docs" / "api.md").read_text()
 
 
-def _documented_params(call: str) -> list[tuple[str, str, Any]]:
-    """(name, kind, default) of the first ``call(...)`` written in api.md (balanced parens)."""
+def _documented_arguments(call: str) -> ast.arguments:
+    """The parsed arguments of the first ``call(...)`` written in api.md (balanced parens)."""
     match = re.search(rf"(?<![\w.]){re.escape(call)}\(", _API)
     assert match, f"api.md does not write {call}(...)"
     depth, start = 1, match.end()
@@ -288,9 +288,14 @@ def _documented_params(call: str) -> list[tuple[str, str, Any]]:
         depth += {"(": 1, ")": -1}.get(_API[end], 0)
         if depth == 0:
             break
-    text = _API[start:end].replace("`", "")
-    func = ast.parse(f"def f({text}): pass").body[0]
-    a = func.args
+    func = ast.parse(f"def f({_API[start:end].replace('`', '')}): pass").body[0]
+    assert isinstance(func, ast.FunctionDef)
+    return func.args
+
+
+def _documented_params(call: str) -> list[tuple[str, str, Any]]:
+    """(name, kind, default) of the first ``call(...)`` written in api.md."""
+    a = _documented_arguments(call)
     positional = [(p.arg, "positional") for p in a.args]
     defaults = [inspect.Parameter.empty] * (len(a.args) - len(a.defaults)) + [
         ast.literal_eval(d) for d in a.defaults]
@@ -416,14 +421,7 @@ def test_api_block_attn_res():
 def _documented_signature(call: str) -> list[tuple[str, str, str | None]]:
     """(name, kind, default as source text or None) of the first ``call(...)`` in api.md, with
     ``*args`` / ``**kwargs`` as kinds ``var_positional`` / ``var_keyword``."""
-    match = re.search(rf"(?<![\w.]){re.escape(call)}\(", _API)
-    assert match, f"api.md does not write {call}(...)"
-    depth, start = 1, match.end()
-    for end in range(start, len(_API)):
-        depth += {"(": 1, ")": -1}.get(_API[end], 0)
-        if depth == 0:
-            break
-    a = ast.parse(f"def f({_API[start:end].replace('`', '')}): pass").body[0].args
+    a = _documented_arguments(call)
     defaults = [None] * (len(a.args) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
     params = [(p.arg, "positional", d) for p, d in zip(a.args, defaults)]
     if a.vararg:
