@@ -187,16 +187,7 @@ def range_select(dst: Any, on_true_tile: Any, comp_op0: Any, comp_op1: Any, boun
         raise nki_error(instr, "reduce_cmd", f"reduce_cmd must be idle/reset/reduce/"
                         f"reset_reduce, got {cmd_enum!r}")
     regs = ops.reduce_registers("vector")
-    if cmd in ("reset", "reset_reduce"):
-        regs.reset(p, -np.inf)
-    if cmd in ("reduce", "reset_reduce"):
-        regs.require_valid(instr, p, "reduce_cmd=reduce continues")
-        regs.values[:p] = np.maximum(regs.values[:p], result.max(axis=1))
+    regs.max_reduce(instr, cmd, result)
     if reduce_res is not None:
-        _, rp, rper = ops.partitions(reduce_res)
-        if rp != p or rper != 1:
-            raise nki_error(instr, "reduce_res shape",
-                            f"reduce_res must be ({p}, 1), got {reduce_res.shape}")
-        regs.require_valid(instr, p, "reduce_res reads")
-        ops.write_result(reduce_res, regs.values[:p].reshape(p, 1), instr)
+        regs.write_to(instr, reduce_res, p)
     ops.record("vector", "range_select", dst.size)
