@@ -264,3 +264,12 @@ def reduce_registers(engine: str) -> ReduceRegisters:
     if engine not in regs:
         regs[engine] = ReduceRegisters()
     return regs[engine]
+
+
+def vector_max_reduce(instruction: str, cmd: str, rows: np.ndarray, reduce_res: Any) -> None:
+    """The Vector engine's accumulate of a select with reduce: ``cmd`` applied to the max of each
+    of ``rows``' (P, F) partitions, then the registers written to ``reduce_res`` unless None."""
+    regs = reduce_registers("vector")
+    regs.max_reduce(instruction, cmd, rows)
+    if reduce_res is not None:
+        regs.write_to(instruction, reduce_res, rows.shape[0])

@@ -189,8 +189,5 @@ def range_select(dst: Any, on_true_tile: Any, comp_op0: Any, comp_op1: Any, boun
     if cmd not in ("idle", "reset", "reduce", "reset_reduce"):
         raise nki_error(instr, "reduce_cmd", f"reduce_cmd must be idle/reset/reduce/"
                         f"reset_reduce, got {cmd_enum!r}")
-    regs = ops.reduce_registers("vector")
-    regs.max_reduce(instr, cmd, result)
-    if reduce_res is not None:
-        regs.write_to(instr, reduce_res, p)
+    ops.vector_max_reduce(instr, cmd, result, reduce_res)
     ops.record("vector", "range_select", dst.size)

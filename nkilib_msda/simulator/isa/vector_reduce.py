@@ -184,10 +184,7 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
         raise nki_error(instr, "reduce_cmd",
                         f"reduce_cmd must be a nisa.reduce_cmd member (idle/reset/reduce/"
                         f"reset_reduce), got {reduce_cmd!r} (raw ints are rejected since NKI 0.3)")
-    regs = ops.reduce_registers("vector")
-    regs.max_reduce(instr, cmd, result)
-    if reduce_res is not None:
-        regs.write_to(instr, reduce_res, p)
+    ops.vector_max_reduce(instr, cmd, result, reduce_res)
     ops.record("vector", "select_reduce", dst.size)
 
 
