@@ -21,7 +21,6 @@ needs only torch. See docs/torch.md ("mmcv / OpenMMLab").
 from __future__ import annotations
 
 import importlib
-import math
 import sys
 import warnings
 from typing import Any, Sequence
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
+from nkilib_msda.pytorch.modules import msda_projections, reset_msda_projections
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn_pytorch",
            "MultiScaleDeformableAttention", "patch_mmcv", "unpatch_mmcv", "MMCV_MODULE"]
@@ -138,32 +138,16 @@ class MultiScaleDeformableAttention(nn.Module):
         self.num_heads = num_heads
         self.num_points = num_points
         self.backend = backend
-        self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_levels * num_points * 2)
-        self.attention_weights = nn.Linear(embed_dims, num_heads * num_levels * num_points)
-        self.value_proj = nn.Linear(embed_dims, value_proj_size)
-        self.output_proj = nn.Linear(value_proj_size, embed_dims)
+        (self.sampling_offsets, self.attention_weights, self.value_proj,
+         self.output_proj) = msda_projections(embed_dims, value_proj_size, num_heads, num_levels,
+                                              num_points)
         self.init_weights()
 
     def init_weights(self) -> None:
         """mmcv's initialisation: zero offset weights, offset biases on a polar grid (one ring
         per point), zero attention logits, Xavier-uniform projections with zero biases."""
-        nn.init.constant_(self.sampling_offsets.weight, 0.0)
-        device = self.sampling_offsets.weight.device
-        angles = torch.arange(self.num_heads, dtype=torch.float32, device=device) * (
-            2.0 * math.pi / self.num_heads)
-        directions = torch.stack([angles.cos(), angles.sin()], dim=-1)
-        directions = directions / directions.abs().max(dim=-1, keepdim=True).values
-        rings = torch.arange(1, self.num_points + 1, dtype=torch.float32, device=device)
-        grid = (directions[:, None, None, :] * rings[None, None, :, None]).expand(
-            self.num_heads, self.num_levels, self.num_points, 2)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.reshape(-1))
-        for linear in (self.attention_weights,):
-            nn.init.constant_(linear.weight, 0.0)
-            nn.init.constant_(linear.bias, 0.0)
-        for linear in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(linear.weight)
-            nn.init.constant_(linear.bias, 0.0)
+        reset_msda_projections(self.sampling_offsets, self.attention_weights, self.value_proj,
+                               self.output_proj, self.num_heads, self.num_levels, self.num_points)
         self._is_init = True
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,

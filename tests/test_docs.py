@@ -73,6 +73,22 @@ def _tiny_detr_config():
         encoder_n_points=2, decoder_n_points=2, num_labels=3)
 
 
+def _copy_kernel():
+    """An ``nki.jit`` kernel returning a copy of its input, staged through SBUF (the emulator is
+    imported only when a test asks for it)."""
+    from nkilib_msda._nki import nki, nl, nisa
+
+    @nki.jit
+    def copy(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        tile = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(tile, x)
+        nisa.dma_copy(out, tile)
+        return out
+
+    return copy
+
+
 def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
                   ) -> tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]:
     """(code to run, the elided names it needs, a check of its results)."""
@@ -227,17 +243,7 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         checks.append(check_block_attn_res)
 
     if "simulate(kernel" in code:
-        from nkilib_msda._nki import nki, nl, nisa
-
-        @nki.jit
-        def kernel(value):
-            out = nl.ndarray(value.shape, value.dtype, buffer=nl.shared_hbm)
-            tile = nl.ndarray(value.shape, value.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(tile, value)
-            nisa.dma_copy(out, tile)
-            return out
-
-        names.update(kernel=kernel, value=rng.standard_normal((4, 8)).astype(np.float32))
+        names.update(kernel=_copy_kernel(), value=rng.standard_normal((4, 8)).astype(np.float32))
         code = code.replace("(value, ...)", "(value)")
 
         def check_simulate(ns: dict[str, Any]) -> None:
@@ -273,8 +279,8 @@ def test_every_doc_with_snippets_has_some():
 _API = (ROOT / "docs" / "api.md").read_text()
 
 
-def _documented_params(call: str) -> list[tuple[str, str, Any]]:
-    """(name, kind, default) of the first ``call(...)`` written in api.md (balanced parens)."""
+def _documented_arguments(call: str) -> ast.arguments:
+    """The parsed arguments of the first ``call(...)`` written in api.md (balanced parens)."""
     match = re.search(rf"(?<![\w.]){re.escape(call)}\(", _API)
     assert match, f"api.md does not write {call}(...)"
     depth, start = 1, match.end()
@@ -282,9 +288,14 @@ def _documented_params(call: str) -> list[tuple[str, str, Any]]:
         depth += {"(": 1, ")": -1}.get(_API[end], 0)
         if depth == 0:
             break
-    text = _API[start:end].replace("`", "")
-    func = ast.parse(f"def f({text}): pass").body[0]
-    a = func.args
+    func = ast.parse(f"def f({_API[start:end].replace('`', '')}): pass").body[0]
+    assert isinstance(func, ast.FunctionDef)
+    return func.args
+
+
+def _documented_params(call: str) -> list[tuple[str, str, Any]]:
+    """(name, kind, default) of the first ``call(...)`` written in api.md."""
+    a = _documented_arguments(call)
     positional = [(p.arg, "positional") for p in a.args]
     defaults = [inspect.Parameter.empty] * (len(a.args) - len(a.defaults)) + [
         ast.literal_eval(d) for d in a.defaults]
@@ -346,16 +357,7 @@ def test_api_simulate(monkeypatch):
     assert code[len(documented)] == ("report", "positional", False)  # simulate(..., report=True)
     assert issubclass(NkiError, Exception)
 
-    from nkilib_msda._nki import nki, nl, nisa
-
-    @nki.jit
-    def copy(x):
-        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        tile = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(tile, x)
-        nisa.dma_copy(out, tile)
-        return out
-
+    copy = _copy_kernel()
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     out, report = simulate(copy, report=True)(x)
@@ -419,14 +421,7 @@ def test_api_block_attn_res():
 def _documented_signature(call: str) -> list[tuple[str, str, str | None]]:
     """(name, kind, default as source text or None) of the first ``call(...)`` in api.md, with
     ``*args`` / ``**kwargs`` as kinds ``var_positional`` / ``var_keyword``."""
-    match = re.search(rf"(?<![\w.]){re.escape(call)}\(", _API)
-    assert match, f"api.md does not write {call}(...)"
-    depth, start = 1, match.end()
-    for end in range(start, len(_API)):
-        depth += {"(": 1, ")": -1}.get(_API[end], 0)
-        if depth == 0:
-            break
-    a = ast.parse(f"def f({_API[start:end].replace('`', '')}): pass").body[0].args
+    a = _documented_arguments(call)
     defaults = [None] * (len(a.args) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
     params = [(p.arg, "positional", d) for p, d in zip(a.args, defaults)]
     if a.vararg:

@@ -69,6 +69,42 @@ def _is_power_of_2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
 
+def msda_projections(embed_dims: int, value_dims: int, num_heads: int, num_levels: int,
+                     num_points: int) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+    """The four linear layers of an MSDA module, in the order Deformable-DETR and mmcv register
+    them: sampling_offsets (embed -> heads*levels*points*2), attention_weights
+    (embed -> heads*levels*points), value_proj (embed -> value_dims), output_proj
+    (value_dims -> embed)."""
+    return (nn.Linear(embed_dims, num_heads * num_levels * num_points * 2),
+            nn.Linear(embed_dims, num_heads * num_levels * num_points),
+            nn.Linear(embed_dims, value_dims),
+            nn.Linear(value_dims, embed_dims))
+
+
+def reset_msda_projections(sampling_offsets: nn.Linear, attention_weights: nn.Linear,
+                           value_proj: nn.Linear, output_proj: nn.Linear, num_heads: int,
+                           num_levels: int, num_points: int) -> None:
+    """The init Deformable-DETR and mmcv share: zero offset weights, offset biases on a polar
+    grid (unit-max-norm direction per head, ring i+1 for point i), zero attention logits,
+    Xavier-uniform projections with zero biases."""
+    nn.init.constant_(sampling_offsets.weight, 0.0)
+    device = sampling_offsets.weight.device
+    angles = torch.arange(num_heads, dtype=torch.float32, device=device) * (
+        2.0 * math.pi / num_heads)
+    directions = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    directions = directions / directions.abs().max(dim=-1, keepdim=True).values
+    rings = torch.arange(1, num_points + 1, dtype=torch.float32, device=device)
+    grid = (directions[:, None, None, :] * rings[None, None, :, None]).expand(
+        num_heads, num_levels, num_points, 2)
+    with torch.no_grad():
+        sampling_offsets.bias.copy_(grid.reshape(-1))
+    nn.init.constant_(attention_weights.weight, 0.0)
+    nn.init.constant_(attention_weights.bias, 0.0)
+    for linear in (value_proj, output_proj):
+        nn.init.xavier_uniform_(linear.weight)
+        nn.init.constant_(linear.bias, 0.0)
+
+
 class MSDeformAttn(nn.Module):
     """Deformable-DETR's multi-scale deformable attention module, same parameters and init.
 
@@ -101,29 +137,14 @@ class MSDeformAttn(nn.Module):
         self.n_heads = n_heads
         self.n_points = n_points
         self.backend = backend
-        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
-        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
-        self.value_proj = nn.Linear(d_model, d_model)
-        self.output_proj = nn.Linear(d_model, d_model)
+        (self.sampling_offsets, self.attention_weights, self.value_proj,
+         self.output_proj) = msda_projections(d_model, d_model, n_heads, n_levels, n_points)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
         """Deformable-DETR's init: offsets start on a polar grid, one ring per point."""
-        nn.init.constant_(self.sampling_offsets.weight, 0.0)
-        angles = torch.arange(self.n_heads, dtype=torch.float32) * (2.0 * math.pi / self.n_heads)
-        directions = torch.stack([angles.cos(), angles.sin()], dim=-1)
-        directions = directions / directions.abs().max(dim=-1, keepdim=True).values
-        rings = torch.arange(1, self.n_points + 1, dtype=torch.float32)
-        grid = directions[:, None, None, :] * rings[None, None, :, None]
-        grid = grid.expand(self.n_heads, self.n_levels, self.n_points, 2)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.reshape(-1))
-        nn.init.constant_(self.attention_weights.weight, 0.0)
-        nn.init.constant_(self.attention_weights.bias, 0.0)
-        nn.init.xavier_uniform_(self.value_proj.weight)
-        nn.init.constant_(self.value_proj.bias, 0.0)
-        nn.init.xavier_uniform_(self.output_proj.weight)
-        nn.init.constant_(self.output_proj.bias, 0.0)
+        reset_msda_projections(self.sampling_offsets, self.attention_weights, self.value_proj,
+                               self.output_proj, self.n_heads, self.n_levels, self.n_points)
 
     def forward(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
                 input_spatial_shapes: Tensor | Sequence[Sequence[int]],

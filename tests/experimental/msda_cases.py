@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from nkilib_msda.workloads import (  # noqa: F401
     PRESETS, S4, MSDACase, compare, make_inputs, numpy_dtype)
+from nkilib_msda.validation.msda import MSDAProblem, normalize_level_start_index
 from nkilib_msda.workloads import tolerance as _tolerance
 
 __all__ = ["S4", "MSDACase", "make_inputs", "numpy_dtype", "BASIC_CASES", "BEVFORMER_FAST",
-           "BEVFORMER_SLOW", "tolerance", "assert_close", "case"]
+           "BEVFORMER_SLOW", "MATRIX_CASES", "tolerance", "assert_close", "case",
+           "msda_problem"]
 
 
 def case(name: str, **kw) -> MSDACase:
@@ -57,6 +60,12 @@ BEVFORMER_SLOW = (
          locations_layout="B2QHLP"),
 )
 
+# What both kernels' matrix tests run at lnc=2: the upstream cases, the fast BEVFormer case and,
+# marked slow, the BEVFormer model sizes.
+MATRIX_CASES = tuple(
+    [pytest.param(c, id=c.name) for c in (*BASIC_CASES, BEVFORMER_FAST)]
+    + [pytest.param(c, id=c.name, marks=pytest.mark.slow) for c in BEVFORMER_SLOW])
+
 
 def tolerance(value_dtype: str) -> float:
     """The forward output's tolerance (nkilib_msda.workloads.TOLERANCES): 1e-2 for 2-byte
@@ -75,3 +84,15 @@ def assert_close(out: np.ndarray, ref: np.ndarray, value_dtype: str, what: str =
 def with_(c: MSDACase, **kw) -> MSDACase:
     """A copy of case ``c`` with fields replaced."""
     return dataclasses.replace(c, **kw)
+
+
+def msda_problem(batch: int = 1, queries: int = 256, heads: int = 8, head_dim: int = 32,
+                 points: int = 8, levels: tuple = S4, value_layout: str = "BLNC",
+                 loc_layout: str = "BQHLP2", align_corners: bool = False,
+                 padding_mode: str = "zeros") -> MSDAProblem:
+    """A hand-built :class:`MSDAProblem` for the plain-Python planners (no arrays)."""
+    return MSDAProblem(batch=batch, num_queries=queries, num_heads=heads, head_dim=head_dim,
+                       num_levels=len(levels), num_points=points, spatial_shapes=tuple(levels),
+                       level_start_index=normalize_level_start_index(None, tuple(levels)),
+                       value_layout=value_layout, sampling_locations_layout=loc_layout,
+                       align_corners=align_corners, padding_mode=padding_mode)

@@ -28,14 +28,6 @@ def _level_shapes(height, width):
     return tuple((-(-height // s), -(-width // s)) for s in STRIDES)
 
 
-def _starts(shapes):
-    out, total = [], 0
-    for h, w in shapes:
-        out.append(total)
-        total += h * w
-    return out, total
-
-
 def test_bucket_grid_and_select_bucket():
     grid = bk.bucket_grid(100, 70, 32)
     assert grid[0] == (32, 32) and len(grid) == 4 * 3 and (128, 96) in grid

@@ -12,7 +12,7 @@ import torch
 import nkilib_msda
 from nkilib_msda.backends import nki_backend
 from nkilib_msda.pytorch import block_attn_res_ops as bar
-from nkilib_msda.pytorch import dispatch, problem_cache
+from nkilib_msda.pytorch import dispatch
 from nkilib_msda.pytorch.call import MsdaCall, bind_msda_call
 from nkilib_msda.reference import block_attn_res_backward_ref, ms_deformable_attention_bwd_ref
 from _torch_inputs import make_inputs
@@ -21,28 +21,6 @@ MSDA = nkilib_msda.multi_scale_deformable_attention
 SHAPES = ((4, 6), (3, 2), (1, 1))  # make_inputs' default, L = 31
 FLAT = [4, 6, 3, 2, 1, 1]
 STARTS = [0, 24, 30]
-
-
-@pytest.fixture
-def msda_counts(monkeypatch):
-    """{'validate': full validations, 'select': backend selections} of the MSDA torch layer."""
-    calls = {"validate": 0, "select": 0}
-    real_select, real_validate = dispatch.select_backend, problem_cache._validate
-
-    def counting_select(*args, **kwargs):
-        calls["select"] += 1
-        return real_select(*args, **kwargs)
-
-    def counting_validate(*args, **kwargs):
-        calls["validate"] += 1
-        return real_validate(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "select_backend", counting_select)
-    monkeypatch.setattr(problem_cache, "_validate", counting_validate)
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    problem_cache.clear_problem_cache()
-    yield calls
-    problem_cache.clear_problem_cache()
 
 
 def _reference_grads(inputs, grad_output):

@@ -187,34 +187,16 @@ def test_profiler_still_shows_the_operator_names():
     assert {"nkilib_msda::ms_deformable_attention", "nkilib_msda::ms_deformable_attention_bwd"} <= names
 
 
-def test_eager_forward_backward_selects_the_backend_once_and_skips_revalidation(monkeypatch):
+def test_eager_forward_backward_selects_the_backend_once_and_skips_revalidation(msda_counts):
     """Host path: the eager autograd node re-uses the forward's backend choice and problem (the
     engine hands it a gradient of its output's shape and dtype), so one fwd+bwd selects the
     backend once and validates once; the gradients are still the reference's."""
-    from nkilib_msda.pytorch import dispatch, functional, problem_cache
-
-    calls = {"select": 0, "validate": 0}
-    real_select, real_validate = dispatch.select_backend, problem_cache._validate
-
-    def counting_select(*args, **kwargs):
-        calls["select"] += 1
-        return real_select(*args, **kwargs)
-
-    def counting_validate(*args, **kwargs):
-        calls["validate"] += 1
-        return real_validate(*args, **kwargs)
-
-    for module in (dispatch, functional, ops):
-        if hasattr(module, "select_backend"):
-            monkeypatch.setattr(module, "select_backend", counting_select)
-    monkeypatch.setattr(problem_cache, "_validate", counting_validate)
-    clear_problem_cache()
     inputs = make_inputs(seed=23)
     leaves = [t.detach().clone().requires_grad_() for t in
               (inputs.value, inputs.sampling_locations, inputs.attention_weights)]
     out = MSDA(leaves[0], SHAPES, None, leaves[1], leaves[2], backend="reference")
     grads = torch.autograd.grad(out, leaves, inputs.grad_output)
-    assert calls == {"select": 1, "validate": 1}
+    assert msda_counts == {"select": 1, "validate": 1}
     ref = [t.detach().clone().requires_grad_() for t in leaves]
     want = torch.autograd.grad(FWD(ref[0], [4, 6, 3, 2, 1, 1], [0, 24, 30], ref[1], ref[2],
                                    "BLNC", "BQHLP2", False, "zeros", "reference", None),

@@ -137,6 +137,14 @@ def test_matches_brute_force(value_layout, locations_layout, align, padding):
 # -------------------------------------------------------------- grid_sample
 
 
+def _check_against_torch(value, shapes, locations, attention, grad_output, align, padding, tol):
+    """The reference's output and gradients (BLNC, BQHLP2) equal grid_sample's within ``tol``
+    (relative and absolute)."""
+    expected = _torch_forward_and_grads(value, shapes, locations, attention, grad_output, align, padding)
+    actual = _run_ref(value, shapes, locations, attention, grad_output, "BLNC", "BQHLP2", align, padding)
+    _assert_close(actual, expected, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("low,high", [(-0.5, 1.5), (-3.0, 4.0)])
@@ -146,9 +154,7 @@ def test_matches_torch_grid_sample(align, padding, low, high):
     shapes = ((6, 7), (3, 2), (1, 1), (1, 5))
     value, locations, attention, grad_output = _problem(rng, shapes, batch=2, queries=9, heads=3,
                                                         channels=4, points=3, low=low, high=high)
-    expected = _torch_forward_and_grads(value, shapes, locations, attention, grad_output, align, padding)
-    actual = _run_ref(value, shapes, locations, attention, grad_output, "BLNC", "BQHLP2", align, padding)
-    _assert_close(actual, expected, rtol=1e-11, atol=1e-11)
+    _check_against_torch(value, shapes, locations, attention, grad_output, align, padding, 1e-11)
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
@@ -161,9 +167,7 @@ def test_kink_conventions_match_torch_grid_sample(align, padding):
     shapes = ((4, 4), (2, 8), (1, 1), (1, 2))
     value, _, attention, grad_output = _problem(rng, shapes, batch=1, queries=16, heads=2, channels=3, points=3)
     locations = rng.integers(-12, 21, (1, 16, 2, len(shapes), 3, 2)) / 8.0
-    expected = _torch_forward_and_grads(value, shapes, locations, attention, grad_output, align, padding)
-    actual = _run_ref(value, shapes, locations, attention, grad_output, "BLNC", "BQHLP2", align, padding)
-    _assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+    _check_against_torch(value, shapes, locations, attention, grad_output, align, padding, 1e-12)
 
 
 # ---------------------------------------------------------- finite differences

@@ -54,13 +54,6 @@ FORWARD_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,error,message", FORWARD_ERRORS,
-                         ids=[m for _, _, m in FORWARD_ERRORS])
-def test_forward_errors(overrides, error, message):
-    with pytest.raises(error, match=re.escape(message)):
-        block_attn_res(**_fwd_args(**overrides))
-
-
 def test_explicit_nki_backend_rejects_float64():
     blocks = [b.double() for b in _blocks()]
     with pytest.raises(ValueError, match="backend='nki' cannot run this call"):
@@ -106,11 +99,17 @@ BACKWARD_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,error,message", BACKWARD_ERRORS,
-                         ids=[m for _, _, m in BACKWARD_ERRORS])
-def test_backward_errors(overrides, error, message):
+# One table for both directions: (function, its valid arguments, overrides, error, message).
+ERRORS = ([pytest.param(block_attn_res, _fwd_args, *case, id=f"forward-{case[2]}")
+           for case in FORWARD_ERRORS]
+          + [pytest.param(block_attn_res_backward, _bwd_args, *case, id=f"backward-{case[2]}")
+             for case in BACKWARD_ERRORS])
+
+
+@pytest.mark.parametrize("function,valid_args,overrides,error,message", ERRORS)
+def test_errors(function, valid_args, overrides, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        block_attn_res_backward(**_bwd_args(**overrides))
+        function(**valid_args(**overrides))
 
 
 def test_backward_without_rmsnorm_needs_no_gamma_or_rms():

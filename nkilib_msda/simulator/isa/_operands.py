@@ -233,6 +233,27 @@ class ReduceRegisters:
                             f"{why} accumulator registers that were never reset (undefined "
                             "contents; start with reduce_cmd=nisa.reduce_cmd.reset_reduce)")
 
+    def max_reduce(self, instruction: str, cmd: str, rows: np.ndarray) -> None:
+        """Apply ``reduce_cmd`` ``cmd`` (idle/reset/reduce/reset_reduce) of a max reduction to
+        the registers of ``rows``' (P, F) partitions: reset to -inf, then fold in the row maxima."""
+        p = rows.shape[0]
+        if cmd in ("reset", "reset_reduce"):
+            self.reset(p, -np.inf)
+        if cmd in ("reduce", "reset_reduce"):
+            self.require_valid(instruction, p, "reduce_cmd=reduce continues")
+            self.values[:p] = np.maximum(self.values[:p], rows.max(axis=1))
+
+    def write_to(self, instruction: str, reduce_res: Any, num_partitions: int) -> None:
+        """Write the first ``num_partitions`` registers to ``reduce_res``, an on-chip (P, 1)."""
+        require_tensor(instruction, "reduce_res", reduce_res)
+        _, rp, per_partition = partitions(reduce_res)
+        if rp != num_partitions or per_partition != 1:
+            raise nki_error(instruction, "reduce_res shape",
+                            f"reduce_res must be ({num_partitions}, 1), got {reduce_res.shape}")
+        self.require_valid(instruction, num_partitions, "reduce_res reads")
+        write_result(reduce_res, self.values[:num_partitions].reshape(num_partitions, 1),
+                     instruction)
+
 
 def reduce_registers(engine: str) -> ReduceRegisters:
     """The accumulator registers of ``engine`` ("vector" or "scalar") in the running program."""
@@ -243,3 +264,12 @@ def reduce_registers(engine: str) -> ReduceRegisters:
     if engine not in regs:
         regs[engine] = ReduceRegisters()
     return regs[engine]
+
+
+def vector_max_reduce(instruction: str, cmd: str, rows: np.ndarray, reduce_res: Any) -> None:
+    """The Vector engine's accumulate of a select with reduce: ``cmd`` applied to the max of each
+    of ``rows``' (P, F) partitions, then the registers written to ``reduce_res`` unless None."""
+    regs = reduce_registers("vector")
+    regs.max_reduce(instruction, cmd, rows)
+    if reduce_res is not None:
+        regs.write_to(instruction, reduce_res, rows.shape[0])

@@ -82,13 +82,7 @@ def activation(dst: Any, op: Any, data: Any, bias: Any = None, scale: Any = 1.0,
             regs.values[:p] = (regs.values[:p].astype(np.float64)
                                + out.astype(np.float64).sum(axis=1)).astype(np.float32)
     if reduce_res is not None:
-        ops.require_tensor(instr, "reduce_res", reduce_res)
-        _, rp, repp = ops.partitions(reduce_res)
-        if rp != p or repp != 1:
-            raise nki_error(instr, "reduce_res shape",
-                            f"reduce_res must be ({p}, 1), got {reduce_res.shape}")
-        regs.require_valid(instr, p, "reduce_res reads")
-        ops.write_result(reduce_res, regs.values[:p].reshape(p, 1), instr)
+        regs.write_to(instr, reduce_res, p)
     ops.record("scalar", "activation", data.size)
 
 

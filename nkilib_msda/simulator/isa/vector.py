@@ -175,23 +175,18 @@ def tensor_scalar(dst: Any, data: Any, op0: Any, operand0: Any, reverse0: bool =
     _, p, _ = ops.partitions(data)
     if bitvec:
         ops.require_int_dtypes(instr, "bitvec ops", dst, data)
-        s0 = ops.vector_operand(instr, "operand0", operand0, p, bits=True) if op0.arity == 2 else None
-        s1 = (ops.vector_operand(instr, "operand1", operand1, p, bits=True)
-              if op1 is not None and op1.arity == 2 else None)
-        x = ops.as_pf(ops.read_bits(data, instr), p)
-        x = _apply_step(op0, x, s0, reverse0)
-        if op1 is not None:
-            x = _apply_step(op1, x, s1, reverse1)
+    # Bitvec ops work on the integer bits; the others on fp32 values and fp32-only operands.
+    kind = {"bits": bitvec, "fp32_only": not bitvec}
+    s0 = ops.vector_operand(instr, "operand0", operand0, p, **kind) if op0.arity == 2 else None
+    s1 = (ops.vector_operand(instr, "operand1", operand1, p, **kind)
+          if op1 is not None and op1.arity == 2 else None)
+    x = ops.as_pf(ops.read_bits(data, instr) if bitvec else access.read_f32(data, instr), p)
+    x = _apply_step(op0, x, s0, reverse0)
+    if op1 is not None:
+        x = _apply_step(op1, x, s1, reverse1)
+    if bitvec:
         ops.write_bits(dst, x, instr)
     else:
-        s0 = (ops.vector_operand(instr, "operand0", operand0, p, fp32_only=True)
-              if op0.arity == 2 else None)
-        s1 = (ops.vector_operand(instr, "operand1", operand1, p, fp32_only=True)
-              if op1 is not None and op1.arity == 2 else None)
-        x = ops.as_pf(access.read_f32(data, instr), p)
-        x = _apply_step(op0, x, s0, reverse0)
-        if op1 is not None:
-            x = _apply_step(op1, x, s1, reverse1)
         ops.write_result(dst, x, instr)
     ops.record(eng, "tensor_scalar", data.size)
 

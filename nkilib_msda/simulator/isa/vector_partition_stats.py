@@ -89,16 +89,23 @@ def nc_stream_shuffle(dst: Any, src: Any, shuffle_mask: Sequence[int],
     ops.record("vector", "nc_stream_shuffle", dst.size)
 
 
-@quiet_fp
-def bn_stats(dst: Any, data: Any, name: str | None = None) -> None:
-    """``dst`` (P, 6): count, mean, variance*count of the even- then of the odd-indexed
-    elements of each partition of ``data`` (P, <= 512 elements)."""
-    instr = "bn_stats"
+def _stats_operands(instr: str, dst: Any, data: Any) -> tuple[int, int, int, int]:
+    """(partitions, elements per partition) of ``data``, then of ``dst``: both on-chip tensors
+    on the same partitions."""
     ops.require_tensor(instr, "dst", dst)
     ops.require_tensor(instr, "data", data)
     access.check_compute_partitions(instr, dst, data)
     _, p, per = ops.partitions(data)
     _, p_dst, per_dst = ops.partitions(dst)
+    return p, per, p_dst, per_dst
+
+
+@quiet_fp
+def bn_stats(dst: Any, data: Any, name: str | None = None) -> None:
+    """``dst`` (P, 6): count, mean, variance*count of the even- then of the odd-indexed
+    elements of each partition of ``data`` (P, <= 512 elements)."""
+    instr = "bn_stats"
+    p, per, p_dst, per_dst = _stats_operands(instr, dst, data)
     if per > _BN_STATS_FMAX:
         raise nki_error(instr, "free size", f"data has {per} elements per partition; at most "
                         f"{_BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax)")
@@ -122,11 +129,7 @@ def bn_aggr(dst: Any, data: Any, name: str | None = None) -> None:
     """``dst`` (P, 2) = (mean, variance) over the (count, mean, variance*count) triples of
     ``data`` (P, 3k)."""
     instr = "bn_aggr"
-    ops.require_tensor(instr, "dst", dst)
-    ops.require_tensor(instr, "data", data)
-    access.check_compute_partitions(instr, dst, data)
-    _, p, per = ops.partitions(data)
-    _, p_dst, per_dst = ops.partitions(dst)
+    p, per, p_dst, per_dst = _stats_operands(instr, dst, data)
     if per % 3 or per == 0:
         raise nki_error(instr, "data shape", f"data must have a multiple of 3 elements per "
                         f"partition (count, mean, variance*count triples), got {per}")
@@ -186,17 +189,5 @@ def range_select(dst: Any, on_true_tile: Any, comp_op0: Any, comp_op1: Any, boun
     if cmd not in ("idle", "reset", "reduce", "reset_reduce"):
         raise nki_error(instr, "reduce_cmd", f"reduce_cmd must be idle/reset/reduce/"
                         f"reset_reduce, got {cmd_enum!r}")
-    regs = ops.reduce_registers("vector")
-    if cmd in ("reset", "reset_reduce"):
-        regs.reset(p, -np.inf)
-    if cmd in ("reduce", "reset_reduce"):
-        regs.require_valid(instr, p, "reduce_cmd=reduce continues")
-        regs.values[:p] = np.maximum(regs.values[:p], result.max(axis=1))
-    if reduce_res is not None:
-        _, rp, rper = ops.partitions(reduce_res)
-        if rp != p or rper != 1:
-            raise nki_error(instr, "reduce_res shape",
-                            f"reduce_res must be ({p}, 1), got {reduce_res.shape}")
-        regs.require_valid(instr, p, "reduce_res reads")
-        ops.write_result(reduce_res, regs.values[:p].reshape(p, 1), instr)
+    ops.vector_max_reduce(instr, cmd, result, reduce_res)
     ops.record("vector", "range_select", dst.size)

@@ -184,19 +184,7 @@ def select_reduce(dst: Any, predicate: Any, on_true: Any, on_false: Any, reduce_
         raise nki_error(instr, "reduce_cmd",
                         f"reduce_cmd must be a nisa.reduce_cmd member (idle/reset/reduce/"
                         f"reset_reduce), got {reduce_cmd!r} (raw ints are rejected since NKI 0.3)")
-    regs = ops.reduce_registers("vector")
-    if cmd in ("reset", "reset_reduce"):
-        regs.reset(p, -np.inf)
-    if cmd in ("reduce", "reset_reduce"):
-        regs.require_valid(instr, p, "reduce_cmd=reduce continues")
-        regs.values[:p] = np.maximum(regs.values[:p], result.max(axis=1))
-    if reduce_res is not None:
-        ops.require_tensor(instr, "reduce_res", reduce_res)
-        _, rp, repp = ops.partitions(reduce_res)
-        if rp != p or repp != 1:
-            raise nki_error(instr, "reduce_res shape", f"reduce_res must be ({p}, 1), got {reduce_res.shape}")
-        regs.require_valid(instr, p, "reduce_res reads")
-        ops.write_result(reduce_res, regs.values[:p].reshape(p, 1), instr)
+    ops.vector_max_reduce(instr, cmd, result, reduce_res)
     ops.record("vector", "select_reduce", dst.size)
 
 

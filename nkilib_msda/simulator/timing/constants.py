@@ -18,7 +18,7 @@ guides state them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 __all__ = ["Param", "Hardware", "HARDWARE", "PARAMS", "PARAM_NAMES", "SOURCES",
@@ -113,42 +113,42 @@ _COMMON_SOURCES = {
     "hwdge_instruction_ns": SOURCES["trn2_arch"] + " (DGE: about 600 ns per instruction)",
 }
 
-HARDWARE: dict[str, Hardware] = {
-    "trn2": Hardware(
-        target="trn2",
-        clock_ghz={"tensor": 2.4, "vector": 0.96, "scalar": 1.2, "gpsimd": 1.2, "sync": 1.2},
-        vector_perf_2x_tensor_tensor=True, vector_perf_4x_copy=True, scalar_2byte_speedup=1.0,
-        min_ii_cycles=64, gpsimd_start_cycles=150, min_ii_dynamic_cycles=600,
-        matmul_min_stationary=64, matmul_fp32_factor=4, transpose_fp32_factor=2,
-        dma_engines=16, dma_queues_per_engine=16, partitions_per_dma_engine=8,
-        dma_bytes_per_ns=23.0, dma_transpose_efficiency=0.9, dma_transpose_sbuf_efficiency=0.5,
-        dma_accumulate_efficiency=0.5, hwdge_instruction_ns=600.0,
-        hbm_bytes_per_ns_chip=2900.0, cores_per_chip=8,
-        sources={**_COMMON_SOURCES,
-                 "clock_ghz": SOURCES["trn2_arch"] + " (Compute Engine Specifications)",
-                 "vector_perf": SOURCES["trn2_arch"] + " (Vector Engine Performance Mode)",
-                 "hbm_bytes_per_ns_chip": SOURCES["trn2_chip"] + " (2.9 TB/sec)",
-                 "cores_per_chip": SOURCES["trn2_chip"]}),
-    "trn3": Hardware(
-        target="trn3",
-        clock_ghz={"tensor": 2.4, "vector": 1.2, "scalar": 1.2, "gpsimd": 1.2, "sync": 1.2},
-        vector_perf_2x_tensor_tensor=True, vector_perf_4x_copy=True, scalar_2byte_speedup=2.0,
-        min_ii_cycles=64, gpsimd_start_cycles=150, min_ii_dynamic_cycles=600,
-        matmul_min_stationary=64, matmul_fp32_factor=4, transpose_fp32_factor=2,
-        dma_engines=16, dma_queues_per_engine=16, partitions_per_dma_engine=8,
-        dma_bytes_per_ns=33.0, dma_transpose_efficiency=0.9, dma_transpose_sbuf_efficiency=0.5,
-        # NeuronCore-v4 accumulates into SBUF at full DMA throughput; HBM destinations keep
-        # the 50% of the DMA compute engines (assumption: the page speaks of SBUF only).
-        dma_accumulate_efficiency=0.5, hwdge_instruction_ns=600.0,
-        hbm_bytes_per_ns_chip=4700.0, cores_per_chip=8,
-        sources={**_COMMON_SOURCES,
-                 "clock_ghz": SOURCES["trn3_arch"] + " (Compute Engine Specifications)",
-                 "vector_perf": SOURCES["trn2_arch"] + " (perf modes; trn3 keeps them)",
-                 "scalar_2byte_speedup": SOURCES["trn3_arch"] + " (Scalar 256 bf16/cycle)",
-                 "hbm_bytes_per_ns_chip": SOURCES["trn3_arch"] + " (4.7 TB/s)",
-                 "cores_per_chip": SOURCES["trn3_arch"] + " (8 NeuronCores)",
-                 "dma_bytes_per_ns": SOURCES["dma_bandwidth"] + " (TRN3 33 B/ns)"}),
-}
+_TRN2 = Hardware(
+    target="trn2",
+    clock_ghz={"tensor": 2.4, "vector": 0.96, "scalar": 1.2, "gpsimd": 1.2, "sync": 1.2},
+    vector_perf_2x_tensor_tensor=True, vector_perf_4x_copy=True, scalar_2byte_speedup=1.0,
+    min_ii_cycles=64, gpsimd_start_cycles=150, min_ii_dynamic_cycles=600,
+    matmul_min_stationary=64, matmul_fp32_factor=4, transpose_fp32_factor=2,
+    dma_engines=16, dma_queues_per_engine=16, partitions_per_dma_engine=8,
+    dma_bytes_per_ns=23.0, dma_transpose_efficiency=0.9, dma_transpose_sbuf_efficiency=0.5,
+    dma_accumulate_efficiency=0.5, hwdge_instruction_ns=600.0,
+    hbm_bytes_per_ns_chip=2900.0, cores_per_chip=8,
+    sources={**_COMMON_SOURCES,
+             "clock_ghz": SOURCES["trn2_arch"] + " (Compute Engine Specifications)",
+             "vector_perf": SOURCES["trn2_arch"] + " (Vector Engine Performance Mode)",
+             "hbm_bytes_per_ns_chip": SOURCES["trn2_chip"] + " (2.9 TB/sec)",
+             "cores_per_chip": SOURCES["trn2_chip"]})
+
+# Trainium3 differs from Trainium2 only where its pages say so.
+_TRN3 = replace(
+    _TRN2,
+    target="trn3",
+    clock_ghz={"tensor": 2.4, "vector": 1.2, "scalar": 1.2, "gpsimd": 1.2, "sync": 1.2},
+    scalar_2byte_speedup=2.0,
+    dma_bytes_per_ns=33.0,
+    # NeuronCore-v4 accumulates into SBUF at full DMA throughput; HBM destinations keep
+    # the 50% of the DMA compute engines (assumption: the page speaks of SBUF only).
+    dma_accumulate_efficiency=0.5,
+    hbm_bytes_per_ns_chip=4700.0,
+    sources={**_COMMON_SOURCES,
+             "clock_ghz": SOURCES["trn3_arch"] + " (Compute Engine Specifications)",
+             "vector_perf": SOURCES["trn2_arch"] + " (perf modes; trn3 keeps them)",
+             "scalar_2byte_speedup": SOURCES["trn3_arch"] + " (Scalar 256 bf16/cycle)",
+             "hbm_bytes_per_ns_chip": SOURCES["trn3_arch"] + " (4.7 TB/s)",
+             "cores_per_chip": SOURCES["trn3_arch"] + " (8 NeuronCores)",
+             "dma_bytes_per_ns": SOURCES["dma_bandwidth"] + " (TRN3 33 B/ns)"})
+
+HARDWARE: dict[str, Hardware] = {"trn2": _TRN2, "trn3": _TRN3}
 
 
 def _params(hwdge_ns: float) -> tuple[Param, ...]:

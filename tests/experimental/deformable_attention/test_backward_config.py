@@ -9,20 +9,14 @@ import pytest
 
 from nkilib_msda.experimental.deformable_attention.backward_config import (
     FP32_EXACT_INT_MAX, PARTITIONS, TRN2_SBUF_BUDGET, buffer_index, plan_backward)
-from nkilib_msda.validation.msda import MSDAProblem
+from msda_cases import msda_problem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
 
 
 def problem(n_q=256, n_h=8, c_h=32, n_p=8, shapes=S4, batch=1, layout="BLNC"):
-    starts, s = [], 0
-    for h, w in shapes:
-        starts.append(s)
-        s += h * w
-    return MSDAProblem(batch=batch, num_queries=n_q, num_heads=n_h, head_dim=c_h,
-                       num_levels=len(shapes), num_points=n_p, spatial_shapes=tuple(shapes),
-                       level_start_index=tuple(starts), value_layout=layout,
-                       sampling_locations_layout="BQHLP2", align_corners=False, padding_mode="zeros")
+    return msda_problem(batch=batch, queries=n_q, heads=n_h, head_dim=c_h, points=n_p,
+                        levels=shapes, value_layout=layout)
 
 
 def test_default_plan_matches_upstream_k():

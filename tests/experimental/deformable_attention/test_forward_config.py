@@ -9,23 +9,9 @@ import pytest
 from nkilib_msda.experimental.deformable_attention.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES, TRN2_SBUF_BUDGET,
     plan_forward)
-from nkilib_msda.validation.msda import MSDAProblem
+from msda_cases import msda_problem as problem
 
 TRN2_SBUF_PER_PARTITION = 224 * 1024
-
-
-def problem(batch=1, queries=256, heads=8, head_dim=32, points=8,
-            levels=((50, 45), (25, 21), (13, 9), (5, 7)), value_layout="BLNC",
-            loc_layout="BQHLP2", align_corners=False, padding_mode="zeros") -> MSDAProblem:
-    starts, acc = [], 0
-    for h, w in levels:
-        starts.append(acc)
-        acc += h * w
-    return MSDAProblem(batch=batch, num_queries=queries, num_heads=heads, head_dim=head_dim,
-                       num_levels=len(levels), num_points=points, spatial_shapes=tuple(levels),
-                       level_start_index=tuple(starts), value_layout=value_layout,
-                       sampling_locations_layout=loc_layout, align_corners=align_corners,
-                       padding_mode=padding_mode)
 
 
 def test_budget_is_below_trn2_usable_sbuf():

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from msda_cases import (BASIC_CASES, BEVFORMER_FAST, BEVFORMER_SLOW, MSDACase, assert_close,
+from msda_cases import (MATRIX_CASES, MSDACase, assert_close,
                         make_inputs, with_)
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
     plan_forward_from_args, ms_deformable_attention)
@@ -29,18 +29,9 @@ def check_case(c: MSDACase, lnc: int = 2, seed: int = 0, **kw) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("c", BASIC_CASES, ids=lambda c: c.name)
-def test_basic_matrix(c):
-    check_case(c, lnc=2)
-
-
-def test_bevformer_fast_case():
-    check_case(BEVFORMER_FAST, lnc=2)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("c", BEVFORMER_SLOW, ids=lambda c: c.name)
-def test_bevformer_model_sizes(c):
+@pytest.mark.parametrize("c", MATRIX_CASES)
+def test_matrix(c):
+    """The upstream cases and the BEVFormer sizes (msda_cases.MATRIX_CASES)."""
     check_case(c, lnc=2)
 
 

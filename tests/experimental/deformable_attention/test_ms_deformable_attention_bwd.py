@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from msda_cases import BASIC_CASES, BEVFORMER_FAST, BEVFORMER_SLOW, MSDACase, make_inputs, numpy_dtype, with_
+from msda_cases import BASIC_CASES, MATRIX_CASES, MSDACase, make_inputs, numpy_dtype, with_
 from nkilib_msda.workloads import make_grad_output, max_relative_error
 from nkilib_msda.workloads import tolerance as _tolerance
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import ms_deformable_attention_bwd
@@ -68,9 +68,10 @@ def check_case(c: MSDACase, lnc: int = 2, seed: int = 0, **kw) -> dict[str, floa
 
 
 # ------------------------------------------------------------------ upstream matrix (docs/kernels.md, "Tests")
-@pytest.mark.parametrize("c", BASIC_CASES, ids=lambda c: c.name)
-def test_basic_matrix(c):
-    """All 14 upstream cases at full size (upstream runs only #10-14 fast; here all are ~1-5 s)."""
+@pytest.mark.parametrize("c", MATRIX_CASES)
+def test_matrix(c):
+    """All 14 upstream cases at full size (upstream runs only #10-14 fast; here all are ~1-5 s)
+    and the BEVFormer sizes (msda_cases.MATRIX_CASES)."""
     check_case(c, lnc=2)
 
 
@@ -78,16 +79,6 @@ def test_basic_matrix(c):
 def test_basic_matrix_reduced_queries_lnc1(c):
     """Cases #1-9 at an N_q that leaves a partial block, on one core."""
     check_case(with_(c, num_queries=37 if c.batch > 1 else 45), lnc=1)
-
-
-def test_bevformer_fast_case():
-    check_case(BEVFORMER_FAST, lnc=2)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("c", BEVFORMER_SLOW, ids=lambda c: c.name)
-def test_bevformer_model_sizes(c):
-    check_case(c, lnc=2)
 
 
 # ------------------------------------------------------------------ dtypes and shapes
