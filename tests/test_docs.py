@@ -342,24 +342,17 @@ def test_api_references_take_the_kernels_first_arguments():
 
 
 def test_api_simulate(monkeypatch):
-    """§3. api.md writes the defaults as lnc=1, target="trn2"; the code spells them None
-    (= the kernel's kernel[lnc] else 1; NEURON_PLATFORM_TARGET_OVERRIDE else trn2). Check that
-    the None defaults behave as documented."""
+    """§3. api.md writes simulate's whole signature as the code has it; its None defaults behave
+    as documented (lnc: NEURON_LOGICAL_NC_CONFIG else 1; target: trn2)."""
     from nkilib_msda.simulator import NkiError, simulate
 
-    documented = _documented_params("simulate")
-    code = _code_params(simulate)
-    spelled_as_none = {"lnc": 1, "target": "trn2"}
-    for (doc_name, doc_kind, doc_default), (name, kind, default) in zip(documented, code):
-        assert (name, kind) == (doc_name, doc_kind)
-        assert default == doc_default or (default is None and spelled_as_none.get(name) == doc_default)
-    assert [n for n, _, _ in documented] == ["kernel", "lnc", "target"]
-    assert code[len(documented)] == ("report", "positional", False)  # simulate(..., report=True)
+    assert _code_signature(simulate) == _documented_signature("simulate")
     assert issubclass(NkiError, Exception)
 
     copy = _copy_kernel()
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
     out, report = simulate(copy, report=True)(x)
     np.testing.assert_array_equal(out, x)
     info = report.to_dict()
