@@ -31,8 +31,8 @@ import numpy as np
 from nkilib_msda._env import EnvironmentVariableError, read_env
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
-from nkilib_msda.simulator.kernel_io import (_check_signature, _flatten_outputs, _Inputs,
-                                             _same_output, _to_numpy, _to_torch)
+from nkilib_msda.simulator.kernel_io import (check_signature, flatten_outputs, KernelInputs,
+                                             same_output, output_to_numpy, to_torch)
 from nkilib_msda.simulator.errors import (OtherProgramAborted, env_error,
                                           nki_error)
 from nkilib_msda.simulator.progress import Progress, ProgressDisplay, progress_spec
@@ -136,13 +136,13 @@ class _Runner:
         if current_or_none() is not None:
             raise nki_error("simulate", "nested simulate", "simulate() cannot run inside a kernel")
         func = self.kernel.func
-        sig = _check_signature(func)
+        sig = check_signature(func)
         check_kernel_source(func, self.options.source_rules)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{func.__qualname__}: {exc}") from None
-        inputs = _Inputs()
+        inputs = KernelInputs()
         kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
         shared = SharedState(self.lnc, self.target, self.options,
                              ProgramScheduler(self.lnc, self.options.barrier_timeout_s),
@@ -180,19 +180,19 @@ class _Runner:
         first_error = first_error or next((e for e in errors if e is not None), None)
         if first_error is not None:
             raise first_error
-        outputs = [_flatten_outputs(r, pid) for pid, r in enumerate(results)]
+        outputs = [flatten_outputs(r, pid) for pid, r in enumerate(results)]
         tensors, is_tuple, is_none = outputs[0]
         for pid, (other, other_tuple, _) in enumerate(outputs[1:], start=1):
             if len(other) != len(tensors) or other_tuple != is_tuple or not all(
-                    _same_output(a, b) for a, b in zip(tensors, other)):
+                    same_output(a, b) for a, b in zip(tensors, other)):
                 raise nki_error("kernel return", "LNC outputs differ",
                                 f"program {pid} returned a different output set than program 0; "
                                 "all programs must return the same shared_hbm tensors")
         with activate(contexts[0]):  # the run's strictness decides unwritten-output reads
-            arrays: list[Any] = [_to_numpy(t, i) for i, t in enumerate(tensors)]
+            arrays: list[Any] = [output_to_numpy(t, i) for i, t in enumerate(tensors)]
         inputs.write_back()
         if inputs.torch_in:  # torch tensors in -> torch tensors out (nki.simulate, 2.32 docs)
-            arrays = [_to_torch(a) for a in arrays]
+            arrays = [to_torch(a) for a in arrays]
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
         for ctx in contexts:

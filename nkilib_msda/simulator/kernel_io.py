@@ -16,7 +16,10 @@ from nkilib_msda.simulator.dtypes import to_nki_dtype
 from nkilib_msda.simulator.errors import NkiError, argument_error, nki_error
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
 
-class _Inputs:
+__all__ = ["KernelInputs", "check_signature", "flatten_outputs", "output_to_numpy", "same_output",
+           "to_torch"]
+
+class KernelInputs:
     """Turns caller arguments into kernel arguments; remembers arrays for write-back."""
 
     def __init__(self) -> None:
@@ -117,7 +120,7 @@ class _Inputs:
         for original, arr in self.torch_back:
             if self.by_id[id(arr)][1].written:
                 with _torch_no_grad():
-                    original.copy_(_to_torch(arr))
+                    original.copy_(to_torch(arr))
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -135,7 +138,7 @@ def _torch_no_grad() -> Any:
     return torch.no_grad()
 
 
-def _to_torch(arr: np.ndarray) -> Any:
+def to_torch(arr: np.ndarray) -> Any:
     """NumPy (incl. ml_dtypes bfloat16) -> torch tensor of the matching dtype."""
     import torch
 
@@ -146,7 +149,7 @@ def _to_torch(arr: np.ndarray) -> Any:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
+def check_signature(func: Callable[..., Any]) -> inspect.Signature:
     sig = inspect.signature(func)
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
@@ -156,7 +159,7 @@ def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
     return sig
 
 
-def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, bool]:
+def flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, bool]:
     """(tensors, is_tuple, is_none); every returned tensor must be in shared_hbm."""
     if result is None:
         return [], False, True
@@ -175,7 +178,7 @@ def _flatten_outputs(result: Any, program: int) -> tuple[list[NkiTensor], bool, 
     return items, isinstance(result, (tuple, list)), False
 
 
-def _to_numpy(t: NkiTensor, index: int) -> np.ndarray:
+def output_to_numpy(t: NkiTensor, index: int) -> np.ndarray:
     try:
         values = read(t, "kernel return")
     except NkiError as exc:
@@ -186,6 +189,6 @@ def _to_numpy(t: NkiTensor, index: int) -> np.ndarray:
     return values  # read() returns a new array
 
 
-def _same_output(a: NkiTensor, b: NkiTensor) -> bool:
+def same_output(a: NkiTensor, b: NkiTensor) -> bool:
     return (a.storage is b.storage and a.shape == b.shape and a.strides == b.strides
             and a.offset == b.offset and a.dtype == b.dtype)
