@@ -46,6 +46,15 @@ def test_decoder_plan_uses_all_samples_kernel():
     assert plan.forward.block_q * 16 * 32 <= 2048
 
 
+def test_16_bit_values_keep_a_small_grad_value_accumulator():
+    small = problem(queries=300)
+    assert tb.plan_launch(small, "bfloat16").grad_value_scratch == "kept"
+    assert tb.plan_launch(small, "float16").grad_value_scratch == "kept"
+    assert tb.plan_launch(small, "float32").grad_value_scratch == "fresh"  # accumulates in place
+    big = problem(queries=300, levels=((512, 512),))  # 2 * 512**2 * 8 * 32 fp32: 512 MiB
+    assert tb.plan_launch(big, "bfloat16").grad_value_scratch == "fresh"
+
+
 def test_int64_needed_only_beyond_int32():
     assert not tb.needs_int64(problem())
     big = problem(batch=5, queries=64, heads=4, channels=128, levels=((1024, 1024),))
