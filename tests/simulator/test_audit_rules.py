@@ -8,22 +8,11 @@ import warnings
 import numpy as np
 import pytest
 
-from _core_helpers import in_kernel, raises_rule
+from _compute_helpers import load as _load, store as _store
+from _core_helpers import gather_inputs, in_kernel, raises_rule, randn
 from nkilib_msda.simulator import NkiError, access, nisa, nki, nl, simulate
 
 RNG = np.random.default_rng(77)
-
-
-def _load(h, dtype=None, shape=None, buffer=None):
-    t = nl.ndarray(shape or h.shape, dtype or h.dtype, buffer=buffer or nl.sbuf)
-    access.write(t, access.read(h, "test.load").reshape(-1), "test.load")
-    return t
-
-
-def _store(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    access.write(o, access.read(t, "test.store"), "test.store")
-    return o
 
 
 def _filled(shape, value=1.0, dtype=nl.float32, buffer=None):
@@ -259,8 +248,7 @@ def test_interleaved_pair_rows_scatter(rows, dup):
 
 # -- faithfulness spot checks (hand-computed from docs/emulator.md) ------------------------
 def test_vector_offset_from_a_column_of_a_multi_column_index_tile():
-    table = RNG.standard_normal((30, 5)).astype(np.float32)
-    idx = RNG.integers(0, 30, (8, 3)).astype(np.int32)
+    table, idx = gather_inputs(RNG, (30, 5), (8, 3))
 
     def body(v, ix):
         tile = _load(ix)
@@ -277,8 +265,7 @@ def test_vector_offset_from_a_column_of_a_multi_column_index_tile():
 
 
 def test_gather_rmw_with_skip_leaves_skipped_rows_unchanged():
-    table = RNG.standard_normal((10, 4)).astype(np.float32)
-    acc0 = RNG.standard_normal((3, 4)).astype(np.float32)
+    table, acc0 = randn(RNG, (10, 4), (3, 4))
     idx = np.array([[7], [-1], [2]], np.int32)
 
     def body(v, acc_h, ix):
@@ -350,9 +337,7 @@ def test_tensor_reduce_axes_are_real_tensor_dims():
 
 
 def test_activation_scale_and_bias_forms():
-    x = RNG.standard_normal((4, 6)).astype(np.float32)
-    s = RNG.standard_normal((4, 1)).astype(np.float32)
-    b = RNG.standard_normal((4, 1)).astype(np.float32)
+    x, s, b = randn(RNG, (4, 6), (4, 1), (4, 1))
 
     def body(a, sh, bh):
         t = _load(a)
@@ -371,8 +356,7 @@ def test_activation_scale_and_bias_forms():
 
 
 def test_matmul_output_bank_crossing_and_strided_accumulate():
-    a = RNG.standard_normal((8, 4)).astype(np.float32)
-    m = RNG.standard_normal((8, 6)).astype(np.float32)
+    a, m = randn(RNG, (8, 4), (8, 6))
 
     def crossing(sa, mv):
         out = nl.ndarray((4, 1024), nl.float32, buffer=nl.psum)  # two banks per partition
@@ -485,8 +469,7 @@ def test_trn1_is_not_a_target():
 
 
 def test_matmul_tiling_mode_checks_and_keeps_semantics():
-    a = RNG.standard_normal((32, 16)).astype(np.float32)
-    m = RNG.standard_normal((32, 8)).astype(np.float32)
+    a, m = randn(RNG, (32, 16), (32, 8))
 
     def body(sa, mv, position, size):
         out = nl.ndarray((16, 8), nl.float32, buffer=nl.psum)
