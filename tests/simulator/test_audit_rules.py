@@ -21,6 +21,12 @@ def _filled(shape, value=1.0, dtype=nl.float32, buffer=None):
     return t
 
 
+def _expect_rule(body, instruction, rule):
+    """A kernel running ``body`` (one dummy input) fails with ``instruction: rule``."""
+    with raises_rule(instruction, rule):
+        in_kernel(body, np.ones(1, np.float32))
+
+
 # -- §7a.5 kernel-level rules checked on the kernel source (source_rules.py) ----------------
 def _helper_with_is(x):
     return x is None
@@ -94,8 +100,7 @@ def test_trn3_only_instructions(name):
     def body(a):
         getattr(nisa, name)(_filled((2, 2)), nl.exp, _filled((2, 2)))
 
-    with raises_rule(name, "trn3-only instruction"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, name, "trn3-only instruction")
     with raises_rule(name, "not modelled"):
         in_kernel(body, np.ones(1, np.float32), target="trn3")
 
@@ -140,10 +145,8 @@ def test_raw_int_enums_rejected():
         nisa.nc_matmul(nl.ndarray((4, 4), nl.float32, buffer=nl.psum), _filled((4, 4)),
                        _filled((4, 4)), perf_mode=0)
 
-    with raises_rule("select_reduce", "enum argument"):
-        in_kernel(select_reduce, np.ones(1, np.float32))
-    with raises_rule("nc_matmul", "enum argument"):
-        in_kernel(matmul, np.ones(1, np.float32))
+    _expect_rule(select_reduce, "select_reduce", "enum argument")
+    _expect_rule(matmul, "nc_matmul", "enum argument")
 
 
 # -- §7a.4: at most one PSUM tensor input of a Vector instruction -----------------------------
@@ -156,10 +159,8 @@ def test_vector_psum_inputs_including_operand_tiles():
         nisa.scalar_tensor_tensor(_filled((4, 8)), _filled((4, 8), buffer=nl.psum), nl.multiply,
                                   _filled((4, 1), buffer=nl.psum), nl.add, _filled((4, 8)))
 
-    with raises_rule("tensor_scalar", "two PSUM inputs"):
-        in_kernel(ts, np.ones(1, np.float32))
-    with raises_rule("scalar_tensor_tensor", "two PSUM inputs"):
-        in_kernel(stt, np.ones(1, np.float32))
+    _expect_rule(ts, "tensor_scalar", "two PSUM inputs")
+    _expect_rule(stt, "scalar_tensor_tensor", "two PSUM inputs")
 
 
 def test_tensor_scalar_one_psum_input_is_fine():
@@ -385,8 +386,7 @@ def test_strided_reads_check_initialisation():
         bad = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(bad, t[:, 1:8:2])
 
-    with raises_rule("tensor_copy", "uninitialized read"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, "tensor_copy", "uninitialized read")
 
 
 @pytest.mark.parametrize("target,ok_bytes", [("trn2", 212_992), ("trn3", 245_760)])
@@ -552,6 +552,5 @@ def test_fori_loop_not_inside_no_reorder():
         with nl.no_reorder():
             nl.fori_loop(0, 2, lambda reg: None)
 
-    with raises_rule("fori_loop", "inside no_reorder"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, "fori_loop", "inside no_reorder")
     in_kernel(lambda a: nl.fori_loop(0, 2, lambda reg: None), np.ones(1, np.float32))
