@@ -182,19 +182,19 @@ def check_launch_paths():
 
 
 def check_kept_accumulator():
-    """16-bit values keep their fp32 grad_value accumulator between calls, cleared by the cast
-    kernel: three backwards with fresh grad_output on the current stream, one on a side stream
+    """With the plan's kept scratch, 16-bit values keep their fp32 grad_value accumulator between
+    calls, cleared by the cast kernel: three backwards with fresh grad_output on the current stream, one on a side stream
     and two CUDA-graph replays (captured calls allocate their own) all match the reference, and
     every kept accumulator holds zeros afterwards."""
     value, loc, attn, _ = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.bfloat16, "BLNC",
                                       "BQHLP2", seed=40)
     problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
-    kept = tb.plan_launch(problem, "bfloat16").grad_value_scratch == "kept"
+    plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_scratch="kept")
     grads = [torch.randn(problem.output_shape, device="cuda").to(torch.bfloat16) for _ in range(5)]
     results = []  # (grad_output, (grad_value, grad_loc, grad_attn))
 
     def backward(grad):
-        return tb.msda_backward(grad, value, problem, loc, attn, deterministic=False)
+        return tb.msda_backward(grad, value, problem, loc, attn, deterministic=False, plan=plan)
 
     results += [(g, backward(g)) for g in grads[:3]]
     main, side = torch.cuda.current_stream(), torch.cuda.Stream()
@@ -223,7 +223,7 @@ def check_kept_accumulator():
     pool = tb._context(problem, value, loc)._scratch
     zeroed = len(pool) >= 2 and all(bool((t == 0).all()) for t in pool.values())
     name = f"kept grad_value accumulator: repeated, side stream, graph replay (cleared={zeroed})"
-    return name, "bfloat16", [0.0, *errors], kept and zeroed and max(errors) <= TOL[torch.bfloat16]
+    return name, "bfloat16", [0.0, *errors], zeroed and max(errors) <= TOL[torch.bfloat16]
 
 
 def check_int64():
@@ -264,10 +264,11 @@ def check_encoder_bf16():
     grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16)
     ref_grads = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
                                             grad.double())
-    for acc in ("float32", "native", "float32 points-backward"):
+    for acc in ("float32", "native", "float32 points-backward", "float32 kept"):
         plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"),
                                grad_value_accumulator=acc.split()[0],
-                               backward_kernel="points" if "points" in acc else "samples")
+                               backward_kernel="points" if "points" in acc else "samples",
+                               grad_value_scratch="kept" if "kept" in acc else "fresh")
         grads = tb.msda_backward(grad, value, problem, loc, attn, plan=plan, deterministic=False)
         errs = [relative_l2(g, r) for g, r in zip(grads, ref_grads[1:])]
         if acc == "native":  # informational: bf16 atomics are not the default (too inaccurate)

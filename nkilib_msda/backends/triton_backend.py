@@ -14,9 +14,10 @@ Host path (what a decoder-sized call is bounded by): the support check, plan, le
 the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
 validated problem object, dtypes and devices), and kernels are launched through the compiled
 kernel once Triton has compiled it (:class:`_Launcher`): no synchronisation and no host -> device
-copy per call. For 16-bit values of decoder size the fp32 grad_value accumulator is kept per
-signature and stream and cleared by the cast that ends each backward (``_Context.take_scratch``):
-it stays allocated until :func:`clear_contexts`. Measurements: benchmarks/RESULTS.md.
+copy per call. For 16-bit values the plan can keep the fp32 grad_value accumulator per signature
+and stream, cleared by the cast that ends each backward (``_Context.take_scratch``; off by
+default, see ``triton_plan.KEEP_SCRATCH_BY_DEFAULT``): it stays allocated until
+:func:`clear_contexts`. Measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
