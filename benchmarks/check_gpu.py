@@ -182,10 +182,10 @@ def check_launch_paths():
 
 
 def check_kept_accumulator():
-    """With the plan's kept scratch, 16-bit values keep their fp32 grad_value accumulator between
-    calls, cleared by the cast kernel: three backwards with fresh grad_output on the current stream, one on a side stream
-    and two CUDA-graph replays (captured calls allocate their own) all match the reference, and
-    every kept accumulator holds zeros afterwards."""
+    """With the plan's kept scratch, 16-bit values keep their fp32 grad_value accumulator
+    between calls, cleared by the cast kernel: three backwards with fresh grad_output on the
+    current stream, one on a side stream and two CUDA-graph replays (captured calls allocate
+    their own) all match the reference, and every kept accumulator holds zeros afterwards."""
     value, loc, attn, _ = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.bfloat16, "BLNC",
                                       "BQHLP2", seed=40)
     problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
