@@ -120,12 +120,24 @@ def measure_copy_bandwidth() -> float:
 
 
 def _load_cuda_op():
-    """The original Deformable-DETR extension, if built (``MultiScaleDeformableAttention``)."""
+    """The original Deformable-DETR extension (``MultiScaleDeformableAttention``) and, when its
+    ``models/ops`` folder is importable too (``--cuda-op-dir``), its own autograd.Function."""
     try:
         import MultiScaleDeformableAttention as ext  # noqa: N813
     except ImportError as exc:
-        return None, f"Deformable-DETR CUDA op not importable ({exc}); 'cuda' rows skipped"
-    return ext, None
+        return None, None, f"Deformable-DETR CUDA op not importable ({exc}); 'cuda' rows skipped"
+    try:
+        from functions.ms_deform_attn_func import MSDeformAttnFunction
+    except ImportError:
+        MSDeformAttnFunction = None  # noqa: N806
+    return ext, MSDeformAttnFunction, None
+
+
+def add_cuda_op_dir(path: str) -> None:
+    """Make a built Deformable-DETR ``models/ops`` folder importable (the extension built in
+    place, and its ``functions`` package)."""
+    if path:
+        sys.path.insert(0, os.path.abspath(path))
 
 
 def _load_api():
@@ -178,21 +190,24 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
         found["ref"] = {"fwd": ref_fwd, "fwd+bwd": ref_fwd_bwd}
 
     if "cuda" in impls:
-        ext, note = _load_cuda_op()
+        ext, function, note = _load_cuda_op()
         if note:
             notes.append(note)
-        elif dtype_name == "float32":
+        elif dtype_name == "float32":  # the op dispatches float and double only
             shapes_t = torch.tensor(shape.levels, dtype=torch.long, device="cuda")
             starts_t = torch.tensor(problem.level_start_index, dtype=torch.long, device="cuda")
             step = 64
 
             def cuda_fwd():
-                return ext.ms_deformable_attn_forward(value, shapes_t, starts_t, loc, attn, step)
+                return ext.ms_deform_attn_forward(value, shapes_t, starts_t, loc, attn, step)
 
             def cuda_fwd_bwd():
+                if function is not None:  # through its own autograd.Function, as users call it
+                    out = function.apply(leaves[0], shapes_t, starts_t, leaves[1], leaves[2], step)
+                    return torch.autograd.grad(out, leaves, grad)
                 cuda_fwd()
-                return ext.ms_deformable_attn_backward(value, shapes_t, starts_t, loc, attn,
-                                                       grad.contiguous(), step)
+                return ext.ms_deform_attn_backward(value, shapes_t, starts_t, loc, attn,
+                                                   grad.contiguous(), step)
 
             found["cuda"] = {"fwd": cuda_fwd, "fwd+bwd": cuda_fwd_bwd}
 
@@ -530,6 +545,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=50, help="do_bench warmup (ms)")
     p.add_argument("--rep", type=int, default=300, help="do_bench repetition time (ms)")
     p.add_argument("--no-errors", action="store_true", help="skip the float64 error column")
+    p.add_argument("--cuda-op-dir", default="", metavar="DIR",
+                   help="Deformable-DETR's models/ops folder with the extension built in place: "
+                        "'cuda' rows, fwd+bwd through its autograd.Function")
     p.add_argument("--sweep", action="store_true", help="time tile configurations instead")
     p.add_argument("--shard", default="0/1", help="sweep: run tasks i, i+n, ... given as i/n")
     p.add_argument("--compile-only", action="store_true", help="sweep: only compile (no timing)")
@@ -542,6 +560,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     """Entry point of ``nkilib-msda bench`` and ``benchmarks/bench_gpu.py``."""
     args = parse_args(argv)
+    add_cuda_op_dir(args.cuda_op_dir)
     if args.tables_from:
         with open(args.tables_from) as f:
             rows = rows_from_log(f.read())

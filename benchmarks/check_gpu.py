@@ -181,6 +181,51 @@ def check_launch_paths():
     return name, "float32", errors, same and all(e <= 1e-5 for e in errors)
 
 
+def check_kept_accumulator():
+    """With the plan's kept scratch, 16-bit values keep their fp32 grad_value accumulator
+    between calls, cleared by the cast kernel: three backwards with fresh grad_output on the
+    current stream, one on a side stream and two CUDA-graph replays (captured calls allocate
+    their own) all match the reference, and every kept accumulator holds zeros afterwards."""
+    value, loc, attn, _ = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.bfloat16, "BLNC",
+                                      "BQHLP2", seed=40)
+    problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
+    plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_scratch="kept")
+    grads = [torch.randn(problem.output_shape, device="cuda").to(torch.bfloat16) for _ in range(5)]
+    results = []  # (grad_output, (grad_value, grad_loc, grad_attn))
+
+    def backward(grad):
+        return tb.msda_backward(grad, value, problem, loc, attn, deterministic=False, plan=plan)
+
+    results += [(g, backward(g)) for g in grads[:3]]
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        results.append((grads[3], backward(grads[3])))
+    main.wait_stream(side)
+    static_grad = grads[4].clone()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        backward(static_grad)  # warm-up outside the capture
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_grads = backward(static_grad)
+    for g in (grads[0], grads[4]):
+        static_grad.copy_(g)
+        graph.replay()
+        results.append((g, tuple(t.clone() for t in static_grads)))
+    torch.cuda.synchronize()
+    errors = [0.0] * 3
+    for g, got in results:
+        ref = msda_grid_sample_with_grads(value.double(), SHAPES_SMALL, loc.double(),
+                                          attn.double(), g.double())
+        errors = [max(e, relative_l2(x, r)) for e, x, r in zip(errors, got, ref[1:])]
+    pool = tb._context(problem, value, loc)._scratch
+    zeroed = len(pool) >= 2 and all(bool((t == 0).all()) for t in pool.values())
+    name = f"kept grad_value accumulator: repeated, side stream, graph replay (cleared={zeroed})"
+    return name, "bfloat16", [0.0, *errors], zeroed and max(errors) <= TOL[torch.bfloat16]
+
+
 def check_int64():
     """B*L*N_h*C_h > 2**31: batch 4 lives entirely beyond int32 offsets."""
     shapes = ((1024, 1024),)
@@ -219,10 +264,11 @@ def check_encoder_bf16():
     grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16)
     ref_grads = msda_grid_sample_with_grads(value.double(), shapes, loc.double(), attn.double(),
                                             grad.double())
-    for acc in ("float32", "native", "float32 points-backward"):
+    for acc in ("float32", "native", "float32 points-backward", "float32 kept"):
         plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"),
                                grad_value_accumulator=acc.split()[0],
-                               backward_kernel="points" if "points" in acc else "samples")
+                               backward_kernel="points" if "points" in acc else "samples",
+                               grad_value_scratch="kept" if "kept" in acc else "fresh")
         grads = tb.msda_backward(grad, value, problem, loc, attn, plan=plan, deterministic=False)
         errs = [relative_l2(g, r) for g, r in zip(grads, ref_grads[1:])]
         if acc == "native":  # informational: bf16 atomics are not the default (too inaccurate)
@@ -287,7 +333,8 @@ def main(argv=None) -> int:
                    for i, c in enumerate(cases())]
         checks += [lambda: [check_nonfinite()], lambda: [check_nonfinite_values(False)],
                    lambda: [check_nonfinite_values(True)]]
-    checks += [lambda: [check_launch_paths()], check_encoder_bf16]
+    checks += [lambda: [check_launch_paths()], lambda: [check_kept_accumulator()],
+               check_encoder_bf16]
     if not args.skip_large:
         checks.append(lambda: [check_int64()])
     for check in checks[index::count]:

@@ -18,7 +18,7 @@ import time
 import torch
 
 import nkilib_msda
-from bench_gpu import SHAPES, make_inputs, shape_name
+from bench_gpu import SHAPES, _load_cuda_op, add_cuda_op_dir, make_inputs, shape_name
 from nkilib_msda.backends import triton_backend as tb
 from nkilib_msda.pytorch.problem_cache import validated_problem
 
@@ -49,7 +49,12 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="ddetr-decoder", type=shape_name, choices=list(SHAPES))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--cuda-op-dir", default="", metavar="DIR",
+                        help="Deformable-DETR's models/ops folder with the extension built in "
+                             "place: adds its fwd+bwd through its autograd.Function (fp32)")
     args = parser.parse_args(argv)
+    add_cuda_op_dir(args.cuda_op_dir)
+    _ext, cuda_function, _note = _load_cuda_op()
     shape = SHAPES[args.shape]
     api = nkilib_msda.multi_scale_deformable_attention
     table = ["| dtype | stage | host µs/call |", "|---|---|---|"]
@@ -106,6 +111,17 @@ def main(argv=None) -> int:
             "api forward (no grad)": api_fwd,
             "api forward+backward (autograd.grad)": api_fwd_bwd,
         }
+        cuda_fwd_bwd = None
+        if cuda_function is not None and dtype_name == "float32":  # the op has no bf16
+            shapes_t = torch.tensor(shape.levels, dtype=torch.long, device="cuda")
+            starts_t = torch.tensor(problem.level_start_index, dtype=torch.long, device="cuda")
+
+            def cuda_fwd_bwd():  # noqa: F811 - defined only when the op is there
+                out = cuda_function.apply(leaves[0], shapes_t, starts_t, leaves[1], leaves[2], 64)
+                return torch.autograd.grad(out, leaves, grad)
+
+            stages["Deformable-DETR CUDA op fwd+bwd, its autograd.Function (baseline)"] = \
+                cuda_fwd_bwd
         for fast in (True, False):
             tb._FAST_LAUNCH[0] = fast
             for name, fn in stages.items():
@@ -120,7 +136,10 @@ def main(argv=None) -> int:
                      f"{gpu_us(api_fwd_bwd):.1f} |")
         table.append(f"| {dtype_name} | GPU time of api forward (graph replay) | "
                      f"{gpu_us(api_fwd):.1f} |")
-        print(table[-2], flush=True)
+        if cuda_fwd_bwd is not None:
+            table.append(f"| {dtype_name} | GPU time of the Deformable-DETR CUDA op fwd+bwd "
+                         f"(graph replay) | {gpu_us(cuda_fwd_bwd):.1f} |")
+        print("\n".join(table[-3:]), flush=True)
     print("\n" + "\n".join(table))
     return 0
 

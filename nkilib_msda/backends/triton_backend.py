@@ -14,7 +14,10 @@ Host path (what a decoder-sized call is bounded by): the support check, plan, le
 the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
 validated problem object, dtypes and devices), and kernels are launched through the compiled
 kernel once Triton has compiled it (:class:`_Launcher`): no synchronisation and no host -> device
-copy per call. Measurements: benchmarks/RESULTS.md.
+copy per call. For 16-bit values the plan can keep the fp32 grad_value accumulator per signature
+and stream, cleared by the cast that ends each backward (``_Context.take_scratch``; off by
+default, see ``triton_plan.KEEP_SCRATCH_BY_DEFAULT``): it stays allocated until
+:func:`clear_contexts`. Measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from nkilib_msda._env import read_env
 from nkilib_msda.backends.protocol import Capabilities, capability_reason
 from nkilib_msda.backends.triton_plan import (  # noqa: F401 - the planning names belong to this backend's surface
-    KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
+    INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
@@ -171,6 +174,18 @@ def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool
     return msda_backward_kernel, grid, scalars + (num_rows,), kwargs
 
 
+_CAST_BLOCK = 4096  # elements per program of the grad_value cast
+
+
+def _cast_launch(numel: int, clear: bool):
+    """(kernel, grid, scalars, keyword arguments) of the grad_value cast (acc, out)."""
+    from nkilib_msda.backends.triton_kernels.backward import msda_grad_value_cast_kernel
+
+    kwargs = dict(CLEAR=clear, INDEX64=numel + _CAST_BLOCK > INT32_MAX, BLOCK=_CAST_BLOCK,
+                  num_warps=8)
+    return msda_grad_value_cast_kernel, (-(-numel // _CAST_BLOCK),), (numel,), kwargs
+
+
 class _Launcher:
     """One kernel with fixed grid, scalars and constexprs; launches re-use the compiled kernel.
 
@@ -223,6 +238,16 @@ class _Launcher:
             return False
 
 
+def _raw_stream(device) -> int:
+    """The handle of the current CUDA stream on ``device``."""
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher calls
+    if get is not None:
+        return get(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 # Direct launches of compiled kernels (see _Launcher); off under the interpreter.
 _FAST_LAUNCH = [bool(read_env("NKILIB_MSDA_TRITON_FAST_LAUNCH")) and not _interpreting()]
 
@@ -238,6 +263,7 @@ class _Context:
         self.plan: LaunchPlan | None = None
         self._launchers: dict = {}
         self._tables = None
+        self._scratch: dict = {}  # stream handle -> zeroed fp32 accumulator (kept scratch)
         if self.reason is None:
             device = value.device
             self.device = device
@@ -255,6 +281,29 @@ class _Context:
             self._tables = _level_tables(self.problem.spatial_shapes,
                                          self.problem.level_start_index, self.device)
         return self._tables
+
+    def take_scratch(self, value, keep: bool) -> tuple[Any, int | None]:
+        """A zeroed fp32 tensor of value's shape and the stream it may be given back under
+        (None: not to be kept). A kept one is taken out of the pool while in use, so a call on
+        another thread gets its own; one per stream, since only calls on one stream are ordered;
+        none while a CUDA graph is captured (its zeroing would run only on replay)."""
+        import torch
+
+        stream = None
+        if keep:
+            if value.device.type == "cpu":
+                stream = 0  # interpreter: every kernel has finished when its launch returns
+            elif not torch.cuda.is_current_stream_capturing():
+                stream = _raw_stream(value.device)
+            scratch = self._scratch.pop(stream, None)
+            if scratch is not None:
+                return scratch, stream
+        return torch.zeros(value.shape, dtype=torch.float32, device=value.device), stream
+
+    def give_back_scratch(self, stream: int | None, scratch) -> None:
+        """Keep ``scratch`` for the next call on ``stream`` (its clearing is enqueued there)."""
+        if stream is not None:
+            self._scratch[stream] = scratch
 
     def launcher(self, key: tuple, build) -> _Launcher:
         launcher = self._launchers.get(key)
@@ -356,7 +405,9 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     where ``compute`` is False. ``deterministic=None`` reads env NKILIB_MSDA_DETERMINISTIC
     (else torch.are_deterministic_algorithms_enabled()); True gives a bitwise-reproducible
     grad_value (sort + ordered per-row reduction) at extra cost. grad_value is always
-    accumulated in fp32 (an fp32 scratch buffer, cast once, for 16-bit value dtypes).
+    accumulated in fp32: for 16-bit value dtypes in an fp32 scratch buffer that one kernel casts
+    to grad_value; with the plan's kept scratch that kernel also clears it for the next call
+    on the same stream (two launches per backward, as for fp32 values: no zero-fill).
     """
     import torch
     import triton
@@ -388,8 +439,10 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
         coefs = torch.empty(problem.num_samples * 4, dtype=torch.float32, device=device)
     else:
         grad_value = torch.zeros_like(value) if (native or not want_value) else None
-        accumulator = grad_value if grad_value is not None else torch.zeros(
-            value.shape, dtype=torch.float32, device=device)
+        if grad_value is None:
+            accumulator, scratch_stream = ctx.take_scratch(value, plan.grad_value_scratch == "kept")
+        else:
+            accumulator = grad_value
         keys = coefs = accumulator  # placeholders, never touched when not DETERMINISTIC
 
     if want_value or want_loc or want_attn:
@@ -416,5 +469,9 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
             INDEX64=plan.index64, BLOCK_R=plan.rows_block, BLOCK_C=plan.block_c,
             num_warps=plan.rows_warps)
     elif grad_value is None:
-        grad_value = accumulator.to(value.dtype)
+        grad_value = torch.empty_like(value)
+        clear = scratch_stream is not None
+        ctx.launcher(("cast", clear), lambda: _cast_launch(value.numel(), clear))(
+            accumulator, grad_value)
+        ctx.give_back_scratch(scratch_stream, accumulator)
     return grad_value, grad_loc, grad_attn

@@ -15,7 +15,14 @@ from nkilib_msda.validation.msda import MSDAProblem
 __all__ = ["KernelConfig", "LaunchPlan", "plan_launch", "needs_int64", "with_configs",
            "uses_samples_backward"]
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
+# The largest fp32 grad_value accumulator a call signature keeps between calls (see
+# LaunchPlan.grad_value_scratch): decoder-sized problems, whose backward is bounded by host time.
+KEPT_SCRATCH_MAX_BYTES = 64 * 2**20
+# Kept accumulators are off by default until benchmarks/check_gpu.py passes with them on an
+# H200 ("kept grad_value accumulator" and "ddetr_enc backward ... kept" rows): their first GPU
+# run found a race in the clearing cast, fixed since by a barrier that has not run on a GPU yet.
+KEEP_SCRATCH_BY_DEFAULT = False
 
 
 def _interpreting() -> bool:
@@ -40,6 +47,10 @@ class LaunchPlan:
     block_c: int
     index64: bool
     grad_value_accumulator: str  # "float32" scratch, or "native" (atomics in the value dtype)
+    # 16-bit values, fast mode: "kept", the fp32 accumulator is kept per (call signature, stream)
+    # and the kernel that casts it to grad_value also clears it (no zero-fill launch per call);
+    # "fresh", it is allocated and zero-filled per call.
+    grad_value_scratch: str = "fresh"
     forward_kernel: str = "points"  # "points": loop over (l, p); "samples": all samples at once
     backward_kernel: str = "points"  # the same choice for the fast-mode backward
     samples_backward: KernelConfig = KernelConfig(1, 2)  # tiles of the all-samples backward
@@ -77,7 +88,7 @@ def needs_int64(problem: MSDAProblem) -> bool:
                   problem.num_samples * 4 + 1,                # loc elements, deterministic entries
                   b * q * h * c,                              # output / grad_output
                   b * problem.total_pixels * h + 1)           # row keys (+ sentinel)
-    return largest > _INT32_MAX
+    return largest > INT32_MAX
 
 
 @functools.lru_cache(maxsize=256)
@@ -86,7 +97,9 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     (benchmarks/RESULTS.md): one 16-byte vector per thread per corner in the forward,
     head-slowest program order, for small (decoder) problems the all-samples forward with 4
     queries per program, and the all-samples backward with one query per program in fast
-    mode (the points backward, 4 elements per thread, in deterministic mode)."""
+    mode (the points backward, 4 elements per thread, in deterministic mode). With
+    KEEP_SCRATCH_BY_DEFAULT, 16-bit values of up to KEPT_SCRATCH_MAX_BYTES of fp32 keep their
+    grad_value accumulator between calls."""
     block_c = next_pow2(problem.head_dim)
     block_s = next_pow2(problem.num_levels * problem.num_points)
     sm_count = _sm_count(device_index)
@@ -105,12 +118,16 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     bwd_q = _pick_block_q(problem, max(1, 256 // block_c), sm_count, minimum=1)
     bwd_warps = 2 if bwd_q * block_c <= 512 else 4
     samples_warps = max(2, min(8, block_s * block_c // 256))
+    value_elements = problem.batch * problem.total_pixels * problem.num_heads * problem.head_dim
+    small = value_elements * 4 <= KEPT_SCRATCH_MAX_BYTES
+    scratch = "kept" if KEEP_SCRATCH_BY_DEFAULT and vector == 8 and small else "fresh"
     return LaunchPlan(
         forward=KernelConfig(fwd_q, fwd_warps),
         backward=KernelConfig(bwd_q, bwd_warps),
         block_c=block_c,
         index64=needs_int64(problem),
         grad_value_accumulator="float32",
+        grad_value_scratch=scratch,
         forward_kernel=forward_kernel,
         backward_kernel="samples",
         samples_backward=KernelConfig(1, samples_warps),

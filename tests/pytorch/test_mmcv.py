@@ -1,7 +1,8 @@
 """nkilib_msda.mmcv against mmcv's documented behaviour (mmcv itself is not installed here).
 
-The oracle is this file's own transcription of mmcv's ``multi_scale_deformable_attn_pytorch``
-(bilinear ``grid_sample``, align_corners=False, zero padding, one level at a time) and of its
+The oracles: mmcv's ``multi_scale_deformable_attn_pytorch`` is the package's grid_sample
+reference (bilinear ``grid_sample``, align_corners=False, zero padding, one level at a time;
+``nkilib_msda.mmcv`` runs the registered op instead), and this file's own transcription of the
 module's forward (value projection, padding mask, offsets normalised by (w, h) or scaled by
 the box half-size, softmax over levels x points, output projection, dropout, residual). All
 comparisons are float64 on fresh random inputs. ``patch_mmcv`` runs against a fake ``mmcv``
@@ -19,6 +20,10 @@ import torch
 import torch.nn.functional as F
 
 import nkilib_msda.mmcv as ours
+# mmcv's ``multi_scale_deformable_attn_pytorch`` is this formulation: per level, grid_sample of
+# the (bs*heads, dims, h, w) map at 2*loc-1 (bilinear, zeros, align_corners=False), weighted sum
+# over levels x points.
+from nkilib_msda.reference.grid_sample import msda_grid_sample as mmcv_pytorch_reference
 
 SHAPES = ((5, 7), (3, 4), (2, 2), (1, 1))  # non-square levels, a 1x1 level
 
@@ -29,24 +34,6 @@ def _starts(shapes):
         starts.append(total)
         total += h * w
     return starts, total
-
-
-def mmcv_pytorch_transcription(value, spatial_shapes, locations, weights):
-    """mmcv's CPU path, written out here: per level, grid_sample the (bs*heads, dims, h, w) map
-    at grid 2*loc-1; weight and sum over levels x points; (bs, num_queries, heads*dims)."""
-    bs, _, heads, dims = value.shape
-    _, nq, _, levels, points, _ = locations.shape
-    sizes = [int(h) * int(w) for h, w in spatial_shapes]
-    per_level = value.split(sizes, dim=1)
-    grids = 2 * locations - 1
-    sampled = []
-    for level, (h, w) in enumerate(spatial_shapes):
-        v = per_level[level].flatten(2).transpose(1, 2).reshape(bs * heads, dims, int(h), int(w))
-        g = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)  # (bs*heads, nq, points, 2)
-        sampled.append(F.grid_sample(v, g, mode="bilinear", padding_mode="zeros", align_corners=False))
-    attn = weights.transpose(1, 2).reshape(bs * heads, 1, nq, levels * points)
-    out = (torch.stack(sampled, dim=-2).flatten(-2) * attn).sum(-1).view(bs, heads * dims, nq)
-    return out.transpose(1, 2).contiguous()
 
 
 def _inputs(bs=2, nq=6, heads=2, dims=4, points=3, shapes=SHAPES, seed=0, requires_grad=False):
@@ -74,7 +61,7 @@ def test_function_and_pytorch_path_match_mmcv_forward_and_gradients(shapes_as):
     starts = torch.tensor(_starts(SHAPES)[0])
     shapes = shapes_t if shapes_as == "tensor" else SHAPES
     grad_out = torch.randn(2, 6, 8, dtype=torch.float64)
-    want = mmcv_pytorch_transcription(value, shapes_t, loc, attn)
+    want = mmcv_pytorch_reference(value, shapes_t, loc, attn)
     want_grads = torch.autograd.grad(want, (value, loc, attn), grad_out)
     for got in (ours.MultiScaleDeformableAttnFunction.apply(value, shapes, starts, loc, attn, 64),
                 ours.multi_scale_deformable_attn_pytorch(value, shapes, loc, attn)):
@@ -88,7 +75,7 @@ def test_function_any_batch_and_im2col_step_as_tensor():
     got = ours.MultiScaleDeformableAttnFunction.apply(value, torch.tensor(SHAPES),
                                                       torch.tensor(_starts(SHAPES)[0]), loc, attn,
                                                       torch.tensor(2))
-    _assert_close(got, mmcv_pytorch_transcription(value, torch.tensor(SHAPES), loc, attn))
+    _assert_close(got, mmcv_pytorch_reference(value, torch.tensor(SHAPES), loc, attn))
 
 
 def test_function_casts_weights_to_value_dtype_like_mmcv():
@@ -97,7 +84,7 @@ def test_function_casts_weights_to_value_dtype_like_mmcv():
                                                       torch.tensor(_starts(SHAPES)[0]), loc.float(),
                                                       attn, 64)
     assert got.dtype == torch.float32
-    _assert_close(got.double(), mmcv_pytorch_transcription(value, torch.tensor(SHAPES), loc, attn), 1e-5)
+    _assert_close(got.double(), mmcv_pytorch_reference(value, torch.tensor(SHAPES), loc, attn), 1e-5)
 
 
 def test_gradcheck_tiny():
@@ -152,7 +139,7 @@ def mmcv_module_transcription(m, query, value, identity, query_pos, key_padding_
     else:
         loc = (reference_points[:, :, None, :, None, :2]
                + off / points * reference_points[:, :, None, :, None, 2:] * 0.5)
-    out = mmcv_pytorch_transcription(value, spatial_shapes, loc, attn)
+    out = mmcv_pytorch_reference(value, spatial_shapes, loc, attn)
     out = F.linear(out, m["output_proj.weight"], m["output_proj.bias"])
     if not batch_first:
         out = out.permute(1, 0, 2)
@@ -330,7 +317,7 @@ def fake_mmcv(monkeypatch):
     """mmcv, mmcv.ops (re-exporting), mmcv.ops.multi_scale_deform_attn and a downstream project
     module that copied the function with ``from ... import`` (as BEVFormer does)."""
     msda = types.ModuleType(ours.MMCV_MODULE)
-    msda.TRANSCRIPTION = mmcv_pytorch_transcription
+    msda.TRANSCRIPTION = mmcv_pytorch_reference
     exec(_FAKE_MMCV_SOURCE, vars(msda))  # noqa: S102
     ops = types.ModuleType("mmcv.ops")
     for name in ("MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn_pytorch",
@@ -354,7 +341,7 @@ def test_patch_mmcv_routes_function_op_and_module_through_nkilib(fake_mmcv, monk
     layer = msda.MultiScaleDeformableAttention()  # built before the patch
     value, loc, attn = _inputs(seed=7)
     shapes, starts = torch.tensor(SHAPES), torch.tensor(_starts(SHAPES)[0])
-    want = mmcv_pytorch_transcription(value, shapes, loc, attn)
+    want = mmcv_pytorch_reference(value, shapes, loc, attn)
 
     calls = []
     real = ours.multi_scale_deformable_attention

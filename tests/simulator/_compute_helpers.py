@@ -10,7 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from _core_helpers import randn
 from nkilib_msda.simulator import access, nki, nl, simulate
+
+__all__ = ["load", "store", "run", "rng", "randn"]
 
 
 def load(h: Any, dtype: Any = None, buffer: Any = None, shape: Any = None) -> Any:

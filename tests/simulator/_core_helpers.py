@@ -37,3 +37,15 @@ def store(t: Any) -> Any:
     o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=o, src=t)
     return o
+
+
+def randn(gen: np.random.Generator, *shapes: Any) -> tuple[np.ndarray, ...]:
+    """Fresh standard-normal float32 arrays of ``shapes``, drawn from ``gen`` in order."""
+    return tuple(gen.standard_normal(shape).astype(np.float32) for shape in shapes)
+
+
+def gather_inputs(gen: np.random.Generator, table_shape: tuple[int, int],
+                  index_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 table and int32 row indices into it (the inputs of an indirect gather)."""
+    table = gen.standard_normal(table_shape).astype(np.float32)
+    return table, gen.integers(0, table_shape[0], index_shape).astype(np.int32)

@@ -8,28 +8,23 @@ import warnings
 import numpy as np
 import pytest
 
-from _core_helpers import in_kernel, raises_rule
+from _compute_helpers import load as _load, store as _store
+from _core_helpers import gather_inputs, in_kernel, raises_rule, randn
 from nkilib_msda.simulator import NkiError, access, nisa, nki, nl, simulate
 
 RNG = np.random.default_rng(77)
-
-
-def _load(h, dtype=None, shape=None, buffer=None):
-    t = nl.ndarray(shape or h.shape, dtype or h.dtype, buffer=buffer or nl.sbuf)
-    access.write(t, access.read(h, "test.load").reshape(-1), "test.load")
-    return t
-
-
-def _store(t):
-    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    access.write(o, access.read(t, "test.store"), "test.store")
-    return o
 
 
 def _filled(shape, value=1.0, dtype=nl.float32, buffer=None):
     t = nl.ndarray(shape, dtype, buffer=buffer or nl.sbuf)
     nisa.memset(t, value)
     return t
+
+
+def _expect_rule(body, instruction, rule):
+    """A kernel running ``body`` (one dummy input) fails with ``instruction: rule``."""
+    with raises_rule(instruction, rule):
+        in_kernel(body, np.ones(1, np.float32))
 
 
 # -- §7a.5 kernel-level rules checked on the kernel source (source_rules.py) ----------------
@@ -105,8 +100,7 @@ def test_trn3_only_instructions(name):
     def body(a):
         getattr(nisa, name)(_filled((2, 2)), nl.exp, _filled((2, 2)))
 
-    with raises_rule(name, "trn3-only instruction"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, name, "trn3-only instruction")
     with raises_rule(name, "not modelled"):
         in_kernel(body, np.ones(1, np.float32), target="trn3")
 
@@ -151,10 +145,8 @@ def test_raw_int_enums_rejected():
         nisa.nc_matmul(nl.ndarray((4, 4), nl.float32, buffer=nl.psum), _filled((4, 4)),
                        _filled((4, 4)), perf_mode=0)
 
-    with raises_rule("select_reduce", "enum argument"):
-        in_kernel(select_reduce, np.ones(1, np.float32))
-    with raises_rule("nc_matmul", "enum argument"):
-        in_kernel(matmul, np.ones(1, np.float32))
+    _expect_rule(select_reduce, "select_reduce", "enum argument")
+    _expect_rule(matmul, "nc_matmul", "enum argument")
 
 
 # -- §7a.4: at most one PSUM tensor input of a Vector instruction -----------------------------
@@ -167,10 +159,8 @@ def test_vector_psum_inputs_including_operand_tiles():
         nisa.scalar_tensor_tensor(_filled((4, 8)), _filled((4, 8), buffer=nl.psum), nl.multiply,
                                   _filled((4, 1), buffer=nl.psum), nl.add, _filled((4, 8)))
 
-    with raises_rule("tensor_scalar", "two PSUM inputs"):
-        in_kernel(ts, np.ones(1, np.float32))
-    with raises_rule("scalar_tensor_tensor", "two PSUM inputs"):
-        in_kernel(stt, np.ones(1, np.float32))
+    _expect_rule(ts, "tensor_scalar", "two PSUM inputs")
+    _expect_rule(stt, "scalar_tensor_tensor", "two PSUM inputs")
 
 
 def test_tensor_scalar_one_psum_input_is_fine():
@@ -259,8 +249,7 @@ def test_interleaved_pair_rows_scatter(rows, dup):
 
 # -- faithfulness spot checks (hand-computed from docs/emulator.md) ------------------------
 def test_vector_offset_from_a_column_of_a_multi_column_index_tile():
-    table = RNG.standard_normal((30, 5)).astype(np.float32)
-    idx = RNG.integers(0, 30, (8, 3)).astype(np.int32)
+    table, idx = gather_inputs(RNG, (30, 5), (8, 3))
 
     def body(v, ix):
         tile = _load(ix)
@@ -277,8 +266,7 @@ def test_vector_offset_from_a_column_of_a_multi_column_index_tile():
 
 
 def test_gather_rmw_with_skip_leaves_skipped_rows_unchanged():
-    table = RNG.standard_normal((10, 4)).astype(np.float32)
-    acc0 = RNG.standard_normal((3, 4)).astype(np.float32)
+    table, acc0 = randn(RNG, (10, 4), (3, 4))
     idx = np.array([[7], [-1], [2]], np.int32)
 
     def body(v, acc_h, ix):
@@ -350,9 +338,7 @@ def test_tensor_reduce_axes_are_real_tensor_dims():
 
 
 def test_activation_scale_and_bias_forms():
-    x = RNG.standard_normal((4, 6)).astype(np.float32)
-    s = RNG.standard_normal((4, 1)).astype(np.float32)
-    b = RNG.standard_normal((4, 1)).astype(np.float32)
+    x, s, b = randn(RNG, (4, 6), (4, 1), (4, 1))
 
     def body(a, sh, bh):
         t = _load(a)
@@ -371,8 +357,7 @@ def test_activation_scale_and_bias_forms():
 
 
 def test_matmul_output_bank_crossing_and_strided_accumulate():
-    a = RNG.standard_normal((8, 4)).astype(np.float32)
-    m = RNG.standard_normal((8, 6)).astype(np.float32)
+    a, m = randn(RNG, (8, 4), (8, 6))
 
     def crossing(sa, mv):
         out = nl.ndarray((4, 1024), nl.float32, buffer=nl.psum)  # two banks per partition
@@ -401,8 +386,7 @@ def test_strided_reads_check_initialisation():
         bad = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(bad, t[:, 1:8:2])
 
-    with raises_rule("tensor_copy", "uninitialized read"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, "tensor_copy", "uninitialized read")
 
 
 @pytest.mark.parametrize("target,ok_bytes", [("trn2", 212_992), ("trn3", 245_760)])
@@ -485,8 +469,7 @@ def test_trn1_is_not_a_target():
 
 
 def test_matmul_tiling_mode_checks_and_keeps_semantics():
-    a = RNG.standard_normal((32, 16)).astype(np.float32)
-    m = RNG.standard_normal((32, 8)).astype(np.float32)
+    a, m = randn(RNG, (32, 16), (32, 8))
 
     def body(sa, mv, position, size):
         out = nl.ndarray((16, 8), nl.float32, buffer=nl.psum)
@@ -569,6 +552,5 @@ def test_fori_loop_not_inside_no_reorder():
         with nl.no_reorder():
             nl.fori_loop(0, 2, lambda reg: None)
 
-    with raises_rule("fori_loop", "inside no_reorder"):
-        in_kernel(body, np.ones(1, np.float32))
+    _expect_rule(body, "fori_loop", "inside no_reorder")
     in_kernel(lambda a: nl.fori_loop(0, 2, lambda reg: None), np.ones(1, np.float32))

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from _compute_helpers import load, rng, run
+from _compute_helpers import load, randn, rng, run
 from nkilib_msda.simulator import NkiWarning, nisa, nl
 
 F32 = np.float32
@@ -63,9 +63,7 @@ def test_activation_positive_domain_functions(opname, ref):
 
 
 def test_activation_reduce_registers_reset_and_accumulate():
-    g = rng(12)
-    a = g.standard_normal((5, 4)).astype(F32)
-    b = g.standard_normal((5, 3)).astype(F32)
+    a, b = randn(rng(12), (5, 4), (5, 3))
 
     def body(ha, hb):
         x, y = load(ha), load(hb)

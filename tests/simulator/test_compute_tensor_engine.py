@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _compute_helpers import load, rng, run
+from _compute_helpers import load, randn, rng, run
 from nkilib_msda.simulator import NkiError, nisa, nl
 
 F32 = np.float32
@@ -87,9 +87,7 @@ def test_nc_matmul_accumulate_true_needs_prior_overwrite():
 
 
 def test_nc_matmul_sizes_and_bf16_dst_on_trn3():
-    g = rng(23)
-    st = g.standard_normal((8, 4)).astype(F32)
-    mv = g.standard_normal((8, 1024)).astype(F32)
+    st, mv = randn(rng(23), (8, 4), (8, 1024))
 
     def body(hs, hm):
         out = nl.ndarray((4, 1024), dtype=nl.bfloat16, buffer=nl.psum)

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _compute_helpers import load, rng, run
+from _compute_helpers import load, randn, rng, run
 from nkilib_msda.simulator import nisa, nl
 
 F32 = np.float32
@@ -177,9 +177,7 @@ def test_tensor_copy_bit_exact_on_vector_but_fp32_on_scalar_engine():
 
 
 def test_tensor_scalar_two_ops_reverse_flags_and_vector_operands():
-    g = rng(3)
-    a = g.standard_normal((6, 5)).astype(F32)
-    col = g.standard_normal((6, 1)).astype(F32)
+    a, col = randn(rng(3), (6, 5), (6, 1))
 
     def body(ha, hc):
         x, c = load(ha), load(hc)
@@ -224,10 +222,7 @@ def test_tensor_scalar_bitvec_rsqrt_on_gpsimd_and_scalar_engine_pair():
 
 
 def test_scalar_tensor_tensor_fused_multiply_add():
-    g = rng(4)
-    v = g.standard_normal((8, 16)).astype(F32)
-    w = g.standard_normal((8, 1)).astype(F32)
-    acc = g.standard_normal((8, 16)).astype(F32)
+    v, w, acc = randn(rng(4), (8, 16), (8, 1), (8, 16))
 
     def body(hv, hw, hacc):
         x, s, a = load(hv), load(hw), load(hacc)
@@ -353,9 +348,7 @@ def test_tensor_tensor_scan_recurrence():
 
 
 def test_tensor_scalar_reduce_accumulates_across_instructions():
-    g = rng(7)
-    a = g.standard_normal((4, 6)).astype(F32)
-    b = g.standard_normal((4, 3)).astype(F32)
+    a, b = randn(rng(7), (4, 6), (4, 3))
 
     def body(ha, hb):
         x, y = load(ha), load(hb)

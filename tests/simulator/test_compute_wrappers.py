@@ -5,16 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _compute_helpers import load, rng, run
+from _compute_helpers import load, randn, rng, run
 from nkilib_msda.simulator import NkiError, nisa, nl
 
 F32 = np.float32
 
 
 def test_binary_wrappers_tile_tile_tile_scalar_and_reverse():
-    g = rng(30)
-    a = g.standard_normal((4, 6)).astype(F32)
-    b = g.standard_normal((4, 6)).astype(F32)
+    a, b = randn(rng(30), (4, 6), (4, 6))
 
     def body(ha, hb):
         x, y = load(ha), load(hb)
@@ -77,8 +75,7 @@ def test_activation_and_unary_wrappers():
 
 def test_where_selects_and_reductions():
     g = rng(32)
-    x = g.standard_normal((4, 3, 5)).astype(F32)
-    y = g.standard_normal((4, 3, 5)).astype(F32)
+    x, y = randn(g, (4, 3, 5), (4, 3, 5))
     cond = (g.random((4, 3, 5)) > 0.5).astype(F32)
 
     def body(hx, hy, hc):
@@ -100,9 +97,7 @@ def test_where_selects_and_reductions():
 
 
 def test_transpose_and_matmul_wrappers_return_psum_tiles():
-    g = rng(33)
-    a = g.standard_normal((16, 8)).astype(F32)
-    b = g.standard_normal((16, 12)).astype(F32)
+    a, b = randn(rng(33), (16, 8), (16, 12))
 
     def body(ha, hb):
         x, y = load(ha), load(hb)

@@ -6,7 +6,7 @@ import pytest
 
 from nkilib_msda.simulator import nisa, nl
 
-from _core_helpers import in_kernel, raises_rule
+from _core_helpers import in_kernel, raises_rule, randn
 from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(99)
@@ -32,8 +32,7 @@ def test_sum_of_sources_in_fp32_then_cast(n):
 
 
 def test_scatter_rmw_adds_into_hbm_rows():
-    g = RNG.standard_normal((30, 6)).astype(np.float32)
-    data = RNG.standard_normal((8, 6)).astype(np.float32)
+    g, data = randn(RNG, (30, 6), (8, 6))
     idx = RNG.permutation(30)[:8].astype(np.int32).reshape(8, 1)
     expected = g.copy()
     expected[idx[:, 0]] += data
@@ -86,8 +85,7 @@ def test_scatter_rmw_oob_skip():
 
 
 def test_gather_rmw_accumulates_into_sbuf():
-    table = RNG.standard_normal((10, 4)).astype(np.float32)
-    acc0 = RNG.standard_normal((3, 4)).astype(np.float32)
+    table, acc0 = randn(RNG, (10, 4), (3, 4))
     idx = np.array([[9], [9], [0]], np.int32)  # duplicates are fine in a gather
 
     def body(v, a, ix):

@@ -6,7 +6,7 @@ import pytest
 
 from nkilib_msda.simulator import access, nisa, nl
 
-from _core_helpers import in_kernel, raises_rule
+from _core_helpers import gather_inputs, in_kernel, raises_rule, randn
 from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(1234)
@@ -40,8 +40,7 @@ def test_copy_pairs_elements_row_major_across_shapes():
 
 
 def test_indirect_gather_row_idx_p_to_partition_p():
-    table = RNG.standard_normal((50, 8)).astype(np.float32)
-    idx = RNG.integers(0, 50, (32, 1)).astype(np.int32)
+    table, idx = gather_inputs(RNG, (50, 8), (32, 1))
 
     def body(v, ix):
         i = _load(ix)
@@ -89,8 +88,7 @@ def test_vector_offset_on_a_sliced_receiver_inherits_its_offset_and_stride():
 
 
 def test_indirect_scatter():
-    dst = RNG.standard_normal((20, 4)).astype(np.float32)
-    data = RNG.standard_normal((5, 4)).astype(np.float32)
+    dst, data = randn(RNG, (20, 4), (5, 4))
     idx = np.array([[3], [19], [0], [7], [8]], np.int32)
     expected = dst.copy()
     expected[idx[:, 0]] = data

@@ -10,7 +10,7 @@ import pytest
 from nkilib_msda.simulator import CostReport, NkiError, nki, nisa, nl, simulate
 from nkilib_msda.simulator.jit import JitKernel
 
-from _core_helpers import raises_rule
+from _core_helpers import load, raises_rule, store
 
 RNG = np.random.default_rng(5)
 
@@ -39,8 +39,7 @@ def test_bfloat16_inputs_and_tuple_outputs_with_report():
 
     @nki.jit
     def two(a):
-        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=a)
+        t = load(a)
         o1 = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
         o2 = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=o1, src=t)
@@ -154,8 +153,7 @@ def test_inputs_modified_in_place_are_written_back():
 def test_nested_jit_call_is_a_plain_call():
     @nki.jit
     def inner(a):
-        t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=a)
+        t = load(a)
         return t
 
     @nki.jit

@@ -17,7 +17,7 @@ from nkilib_msda.simulator import NkiError, nisa, nki, nl
 from nkilib_msda.simulator.errors import NkiHazardWarning, nki_error
 from nkilib_msda.simulator.jit import STRICT_ENV
 
-from _core_helpers import in_kernel, raises_rule
+from _core_helpers import in_kernel, raises_rule, randn
 from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(2026)
@@ -172,8 +172,7 @@ def _padded_scatter_add(g, data, idx):
 
 
 def test_padded_scatter_rows_aimed_at_row_zero_with_zero_data_warn():
-    g = RNG.standard_normal((6, 4)).astype(np.float32)
-    data = RNG.standard_normal((5, 4)).astype(np.float32)
+    g, data = randn(RNG, (6, 4), (5, 4))
     data[3:] = 0.0  # two padded rows: zero data aimed at row 0
     idx = np.array([[0], [2], [5], [0], [0]], np.int32)
     expected = g.copy()
@@ -297,8 +296,7 @@ def test_placement_outside_the_partition_is_rejected():
 
 
 def test_dma_compute_scales_apply_per_source_in_both_rmw_forms():
-    g = RNG.standard_normal((6, 4)).astype(np.float32)
-    data = RNG.standard_normal((3, 4)).astype(np.float32)
+    g, data = randn(RNG, (6, 4), (3, 4))
     idx = np.array([[5], [0], [2]], np.int32)
 
     def scatter(out, d, ix):

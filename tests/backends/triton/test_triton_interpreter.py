@@ -26,6 +26,7 @@ CASE_NAMES = [
     "fp32_bnlc_b2qhlp_border_align_c6",
     "fp32_blnc_b2qhlp_zeros_align_head_fastest",
     "bf16_bnlc_zeros",
+    "bf16_kept_scratch_repeated",
     "fp16_blnc_border",
     "samples_kernel_lp_not_pow2",
     "int64_indexing_forced",

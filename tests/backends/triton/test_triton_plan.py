@@ -46,6 +46,26 @@ def test_decoder_plan_uses_all_samples_kernel():
     assert plan.forward.block_q * 16 * 32 <= 2048
 
 
+def test_kept_grad_value_accumulator_is_off_by_default():
+    assert tb.plan_launch(problem(queries=300), "bfloat16").grad_value_scratch == "fresh"
+
+
+def test_16_bit_values_keep_a_small_grad_value_accumulator(monkeypatch):
+    from nkilib_msda.backends import triton_plan
+
+    monkeypatch.setattr(triton_plan, "KEEP_SCRATCH_BY_DEFAULT", True)
+    tb.plan_launch.cache_clear()  # plans are memoized
+    try:
+        small = problem(queries=300)
+        assert tb.plan_launch(small, "bfloat16").grad_value_scratch == "kept"
+        assert tb.plan_launch(small, "float16").grad_value_scratch == "kept"
+        assert tb.plan_launch(small, "float32").grad_value_scratch == "fresh"  # in place
+        big = problem(queries=300, levels=((512, 512),))  # 2 * 512**2 * 8 * 32 fp32: 512 MiB
+        assert tb.plan_launch(big, "bfloat16").grad_value_scratch == "fresh"
+    finally:
+        tb.plan_launch.cache_clear()
+
+
 def test_int64_needed_only_beyond_int32():
     assert not tb.needs_int64(problem())
     big = problem(batch=5, queries=64, heads=4, channels=128, levels=((1024, 1024),))

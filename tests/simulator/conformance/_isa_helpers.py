@@ -6,8 +6,8 @@ tests/simulator/conftest.py)."""
 from __future__ import annotations
 
 from _core_helpers import in_kernel as run
-from _core_helpers import load, store
+from _core_helpers import gather_inputs, load, randn, store
 
-__all__ = ["DOCS", "run", "load", "store"]
+__all__ = ["DOCS", "run", "load", "store", "randn", "gather_inputs"]
 
 DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/"

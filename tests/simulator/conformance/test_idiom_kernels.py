@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from _isa_helpers import randn
 from nkilib_msda.simulator import NkiError, nki, nl, nisa, simulate
 from nkilib_msda.simulator import lnc as nki_lnc
 from nkilib_msda.simulator.source_rules import kernel_source_violations
@@ -101,8 +102,7 @@ def test_idioms_at_lnc1(with_bias, act, monkeypatch):
 def test_lnc2_from_the_environment_variable_without_brackets(monkeypatch):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     rng = np.random.default_rng()
-    x = rng.standard_normal((P, F)).astype(np.float32)
-    bias = rng.standard_normal((P, F)).astype(np.float32)
+    x, bias = randn(rng, (P, F), (P, F))
     cfg = AddCfg(scale=0.75, act=Act.RELU)
     seen = []
 

@@ -12,15 +12,14 @@ import pytest
 
 from nkilib_msda.simulator import nisa, nl
 
-from _isa_helpers import load, run, store
+from _isa_helpers import gather_inputs, load, randn, run, store
 
 RNG = np.random.default_rng(11)
 BF16 = ml_dtypes.bfloat16
 
 
 def test_dma_copy_is_an_exact_copy_and_gathers_rows():
-    a = RNG.standard_normal((16, 12)).astype(np.float32)
-    idx = RNG.integers(0, 16, (8, 1)).astype(np.int32)
+    a, idx = gather_inputs(RNG, (16, 12), (8, 1))
 
     def body(h, ix):
         i = load(ix)
@@ -76,8 +75,7 @@ def test_dma_compute_fp32_sum_then_cast():
 
 
 def test_dma_compute_scatter_rmw_adds_into_hbm_rows():
-    g = RNG.standard_normal((6, 5)).astype(np.float32)
-    data = RNG.standard_normal((3, 5)).astype(np.float32)
+    g, data = randn(RNG, (6, 5), (3, 5))
     idx = np.array([[4], [1], [2]], np.int32)
 
     def body(out, d, ix):

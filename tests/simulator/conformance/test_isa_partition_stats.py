@@ -16,14 +16,13 @@ import pytest
 from nkilib_msda.simulator import nisa, nl
 
 from _core_helpers import raises_rule
-from _isa_helpers import load, run, store
+from _isa_helpers import load, randn, run, store
 
 RNG = np.random.default_rng(19)
 
 
 def test_nc_stream_shuffle_permutes_within_each_quadrant_and_255_keeps():
-    src = RNG.standard_normal((64, 5)).astype(np.float32)
-    old = RNG.standard_normal((64, 5)).astype(np.float32)
+    src, old = randn(RNG, (64, 5), (64, 5))
     mask = list(RNG.permutation(32))
     mask[3] = 255
 

@@ -13,14 +13,13 @@ import numpy as np
 
 from nkilib_msda.simulator import nisa, nl
 
-from _isa_helpers import load, run, store
+from _isa_helpers import load, randn, run, store
 
 RNG = np.random.default_rng(13)
 
 
 def test_activation_scale_bias_and_reduce():
-    a = RNG.standard_normal((8, 6)).astype(np.float32)
-    b = RNG.standard_normal((8, 1)).astype(np.float32)
+    a, b = randn(RNG, (8, 6), (8, 1))
 
     def body(h, hb):
         x, bias = load(h), load(hb)

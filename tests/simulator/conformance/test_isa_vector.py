@@ -15,7 +15,7 @@ import numpy as np
 
 from nkilib_msda.simulator import nisa, nl
 
-from _isa_helpers import load, run, store
+from _isa_helpers import load, randn, run, store
 
 RNG = np.random.default_rng(12)
 
@@ -38,8 +38,7 @@ def test_tensor_tensor_elementwise_ops():
 
 
 def test_tensor_scalar_two_ops_and_reverse():
-    a = RNG.standard_normal((8, 6)).astype(np.float32)
-    v = RNG.standard_normal((8, 1)).astype(np.float32)
+    a, v = randn(RNG, (8, 6), (8, 1))
 
     def body(h, hv):
         x, col = load(h), load(hv)
