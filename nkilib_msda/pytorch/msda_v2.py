@@ -101,7 +101,7 @@ def multi_scale_deformable_attention_v2(
     if method not in METHODS:
         raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
     shapes = spatial_shapes_tuple(value_spatial_shapes)
-    counts = check_num_points(num_points_list, len(shapes))
+    counts = check_num_points(num_points_list, len(shapes), "num_points_list")
     if method == "default":
         return multi_scale_deformable_attention(value, shapes, None, sampling_locations,
                                                 attention_weights, backend=backend,

@@ -31,18 +31,20 @@ OFF_MAP_LOCATION = -1.0
 _LAYOUTS = ("BQHLP2", "B2QHLP")
 
 
-def check_num_points(num_points: Any, num_levels: int) -> tuple[int, ...]:
-    """``num_points`` as a tuple of ``num_levels`` positive ints, else ValueError/TypeError."""
+def check_num_points(num_points: Any, num_levels: int, name: str = "num_points"
+                     ) -> tuple[int, ...]:
+    """``num_points`` as a tuple of ``num_levels`` positive ints, else ValueError/TypeError
+    naming the argument ``name``."""
     if isinstance(num_points, Tensor):
         num_points = num_points.tolist()
     if isinstance(num_points, (str, bytes)) or not isinstance(num_points, Sequence):
-        raise TypeError(f"num_points: expected a sequence of positive ints (one per level), got "
+        raise TypeError(f"{name}: expected a sequence of positive ints (one per level), got "
                         f"{type(num_points).__name__}")
     counts = tuple(num_points)
     if any(isinstance(p, bool) or not isinstance(p, int) or p <= 0 for p in counts):
-        raise ValueError(f"num_points: expected positive ints, got {list(counts)!r}")
+        raise ValueError(f"{name}: expected positive ints, got {list(counts)!r}")
     if len(counts) != num_levels:
-        raise ValueError(f"num_points: expected one count per level ({num_levels} levels), got "
+        raise ValueError(f"{name}: expected one count per level ({num_levels} levels), got "
                          f"{len(counts)}: {list(counts)!r}")
     return counts
 
