@@ -58,15 +58,12 @@ class MSDeformAttnFunction:
 
     @classmethod
     def apply(cls, value: Tensor, value_spatial_shapes: Any, value_level_start_index: Any,
-              sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int, *,
-              num_points: Sequence[int] | None = None) -> Tensor:
-        """``num_points``: per-level point counts, locations (N, Lq, M, sum(P), 2) and
-        weights (N, Lq, M, sum(P)) (see :func:`multi_scale_deformable_attention`)."""
+              sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int) -> Tensor:
         if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
             raise ValueError(f"im2col_step: expected a positive int, got {im2col_step!r}")
         return multi_scale_deformable_attention(
             value, value_spatial_shapes, value_level_start_index, sampling_locations,
-            attention_weights, backend=cls.backend, num_points=num_points)
+            attention_weights, backend=cls.backend)
 
 
 def _is_power_of_2(n: int) -> bool:
@@ -180,12 +177,14 @@ class MSDeformAttn(nn.Module):
         if self.num_points_list is not None:
             return self.output_proj(self._per_level_points(
                 query, reference_points, value, shapes, input_level_start_index))
+        points = self.n_points
+        assert isinstance(points, int)  # per-level counts returned above
         offsets = self.sampling_offsets(query).view(
-            batch, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
+            batch, num_queries, self.n_heads, self.n_levels, points, 2)
         weights = self.attention_weights(query).view(
-            batch, num_queries, self.n_heads, self.n_levels * self.n_points)
+            batch, num_queries, self.n_heads, self.n_levels * points)
         weights = F.softmax(weights, dim=-1).view(
-            batch, num_queries, self.n_heads, self.n_levels, self.n_points)
+            batch, num_queries, self.n_heads, self.n_levels, points)
         if reference_points.shape[-1] == 2:
             # offsets are in pixels of each level: divide by (W, H)
             normalizer = _offset_normalizer(shapes, offsets.dtype, offsets.device)
@@ -194,7 +193,7 @@ class MSDeformAttn(nn.Module):
         else:
             # offsets are in units of the box half-size, shared over n_points rings
             locations = (reference_points[:, :, None, :, None, :2]
-                         + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
+                         + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
         output = multi_scale_deformable_attention(
             value, shapes, input_level_start_index, locations, weights, backend=self.backend)
         return self.output_proj(output)

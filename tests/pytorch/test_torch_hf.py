@@ -143,14 +143,16 @@ def assert_same_results(out_after, grads_after, out_before, grads_before):
 def assert_equal_to_1e10(out_after, grads_after, out_before, grads_before):
     """Acceptance: output and every parameter gradient within 1e-10 of the unpatched model's,
     as max|diff| / max|ref| per tensor (float64). A gradient that is zero up to rounding (its
-    largest entry below 1e-6 of the model's largest gradient, e.g. a bias feeding a norm) is
-    measured against that floor instead: its digits are rounding noise in both models."""
+    largest entry below 1e-5 of the model's largest gradient G, e.g. the bias of a conv feeding
+    a per-channel GroupNorm, whose exact gradient is 0) is measured against that floor: its
+    entries are rounding noise in both models, and the bound is then |diff| <= 1e-15 * G, a
+    few float64 rounding units of G."""
     def error(got, want, floor=0.0):
         return (got - want).abs().max().item() / max(want.abs().max().item(), floor, 1e-300)
 
     assert error(out_after, out_before) <= 1e-10, "output"
     assert grads_after.keys() == grads_before.keys() and len(grads_before) > 20
-    floor = 1e-6 * max(g.abs().max().item() for g in grads_before.values())
+    floor = 1e-5 * max(g.abs().max().item() for g in grads_before.values())
     errors = {name: error(grads_after[name], before, floor)
               for name, before in grads_before.items()}
     worst = max(errors, key=errors.__getitem__)

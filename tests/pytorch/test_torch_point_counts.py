@@ -136,14 +136,6 @@ def test_meta_tensors_give_shapes():
     assert out.shape == (2, 5, 8) and out.is_meta
 
 
-def test_function_drop_in_takes_num_points():
-    value, loc, weights, _ = _inputs()
-    got = nkilib_msda.MSDeformAttnFunction.apply(value, torch.tensor(SHAPES), None, loc, weights,
-                                                 64, num_points=COUNTS)
-    torch.testing.assert_close(got, _oracle(value, SHAPES, loc, weights, COUNTS), rtol=1e-12,
-                               atol=1e-12)
-
-
 # ------------------------------------------------------------------ the module
 
 
