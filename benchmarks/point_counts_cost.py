@@ -10,7 +10,7 @@ Compared with a uniform 4 points per level (the same 12 points, nothing padded):
   ``--repeats``; also transformers' ``grid_sample`` formulation of the same per-level call;
 - NKI forward kernel in the emulator (``report=True``): indirect descriptors (one per
   sampled point and corner row) and instructions per engine, which scale with the points the
-  kernel samples.
+  kernel samples, and the timing model's modelled Trainium time.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def emulator_rows(queries):
         d = report.to_dict()
         desc = sum(v["descriptors"] for k, v in d["dma"].items() if k.startswith("indirect"))
         instr = {e: d["engines"][e]["instructions"] for e in ("tensor", "vector", "gpsimd", "dma")}
-        rows.append((label, desc, instr, seconds))
+        timing = getattr(report, "timing", None)
+        modelled = None if timing is None else float(timing.estimate_us)
+        rows.append((label, desc, instr, modelled, seconds))
     return rows
 
 
@@ -119,10 +121,11 @@ def main() -> None:
     for label, fwd, both in cpu_rows(args.queries, args.repeats):
         print(f"| {label} | {fwd * 1e3:.1f} | {both * 1e3:.1f} |")
     print(f"\nNKI forward kernel, emulator report, fp32, N_q={args.emulator_queries}\n")
-    print("| call | indirect descriptors | instructions (tensor / vector / gpsimd / dma) |"
-          "\n| --- | ---: | --- |")
-    for label, desc, instr, _ in emulator_rows(args.emulator_queries):
-        print(f"| {label} | {desc} | {' / '.join(str(v) for v in instr.values())} |")
+    print("| call | indirect descriptors | instructions (tensor / vector / gpsimd / dma) | "
+          "modelled trn2 µs |\n| --- | ---: | --- | ---: |")
+    for label, desc, instr, modelled, _ in emulator_rows(args.emulator_queries):
+        shown = "n/a" if modelled is None else f"{modelled:.1f}"
+        print(f"| {label} | {desc} | {' / '.join(str(v) for v in instr.values())} | {shown} |")
 
 
 if __name__ == "__main__":

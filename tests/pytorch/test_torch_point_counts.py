@@ -96,17 +96,20 @@ def test_b2qhlp_layout():
         torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
 
 
-def test_padded_slots_add_nothing_even_next_to_non_finite_values():
-    """Real points stay away from pixel (0, 0) of every level, which holds NaN / inf: the
-    padded slots (weight 0, location off the map) must not bring them into any result."""
+@pytest.mark.parametrize("backend,dtype", [("reference", torch.float64), ("nki", torch.float32)])
+def test_padded_slots_add_nothing_even_next_to_non_finite_values(backend, dtype):
+    """Real points stay away from pixels (0, 0) and (0, 1) of every level, which hold NaN and
+    inf: the padded slots (weight 0, location off the map) must not bring them into any
+    result."""
     value, loc, weights, grad = _inputs(low=0.8, high=0.95)
     start = 0
     for h, w in SHAPES:
         value[:, start] = float("nan")
-        value[:, start + 1 if w > 1 else start] = float("inf")
+        value[:, start + 1] = float("inf")
         start += h * w
     got, grads = _grads(lambda v, s, a: nkilib_msda.multi_scale_deformable_attention(
-        v, SHAPES, None, s, a, backend="reference", num_points=COUNTS), (value, loc, weights), grad)
+        v, SHAPES, None, s, a, backend=backend, num_points=COUNTS),
+        [t.to(dtype) for t in (value, loc, weights)], grad)
     assert torch.isfinite(got).all()
     for name, g in zip(workloads.QUANTITIES[1:], grads):
         assert torch.isfinite(g).all(), name
