@@ -63,28 +63,34 @@ def _is_hf_layer(module: nn.Module) -> bool:
             and _forward_params(cls) == _LAYER_FORWARD_PARAMS)
 
 
+class _Patched:
+    """transformers' MSDA function ``name`` computed by nkilib_msda (module-level class, so a
+    patched model still pickles; ``__nkilib_msda_original__`` is the replaced function)."""
+
+    def __init__(self, name: str, backend: str | None, original: Callable[..., Any]):
+        self.name = name
+        self.backend = backend
+        setattr(self, _PATCHED_MARK, original)
+
+    def __call__(self, value: Tensor, value_spatial_shapes: Any, sampling_locations: Tensor,
+                 attention_weights: Tensor, *v2_args: Any, **v2_kwargs: Any) -> Tensor:
+        if self.name == FUNCTION_V2_NAME:  # (..., num_points_list, method="default")
+            return multi_scale_deformable_attention_v2(
+                value, value_spatial_shapes, sampling_locations, attention_weights, *v2_args,
+                backend=self.backend, **v2_kwargs)
+        if v2_args or v2_kwargs:
+            raise TypeError(f"{self.name}: expected (value, value_spatial_shapes, "
+                            f"sampling_locations, attention_weights), got "
+                            f"{len(v2_args)} more positional and {sorted(v2_kwargs)} keyword arguments")
+        return multi_scale_deformable_attention(value, value_spatial_shapes, None,
+                                                sampling_locations, attention_weights,
+                                                backend=self.backend)
+
+
 def _make_function(name: str, backend: str | None, original: Callable[..., Any]
                    ) -> Callable[..., Tensor]:
     """The replacement for transformers' function ``name``, remembering ``original``."""
-    if name == FUNCTION_V2_NAME:
-        def patched(value: Tensor, value_spatial_shapes: Any, sampling_locations: Tensor,
-                    attention_weights: Tensor, num_points_list: Any,
-                    method: str = "default") -> Tensor:
-            """RT-DETRv2/D-FINE/DEIMv2's function, computed by nkilib_msda."""
-            return multi_scale_deformable_attention_v2(
-                value, value_spatial_shapes, sampling_locations, attention_weights,
-                num_points_list, method, backend=backend)
-    else:
-        def patched(value: Tensor, value_spatial_shapes: Any,  # type: ignore[misc]
-                    sampling_locations: Tensor, attention_weights: Tensor) -> Tensor:
-            """Mask2Former/OneFormer's function, computed by nkilib_msda."""
-            return multi_scale_deformable_attention(value, value_spatial_shapes, None,
-                                                    sampling_locations, attention_weights,
-                                                    backend=backend)
-
-    patched.__name__ = patched.__qualname__ = f"{name}_patched"
-    setattr(patched, _PATCHED_MARK, original)
-    return patched
+    return _Patched(name, backend, original)
 
 
 def _function_module(module: nn.Module) -> tuple[Any, str] | None:

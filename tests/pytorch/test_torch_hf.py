@@ -284,6 +284,43 @@ def test_mask2former_function_is_patched_and_restored():
     assert m2f.multi_scale_deformable_attention is original
 
 
+def test_v2_families_patch_scope_and_pickling():
+    """RT-DETRv2: module-wide function, restored by unpatch; D-FINE: this model's blocks only;
+    a patched model still pickles (torch.save of the whole module)."""
+    import io
+
+    from transformers.models.d_fine import modeling_d_fine
+    from transformers.models.rt_detr_v2 import modeling_rt_detr_v2
+
+    original = modeling_rt_detr_v2.multi_scale_deformable_attention_v2
+    torch.manual_seed(3)
+    rt_v2, _ = _tiny_rt_detr_v2()
+    d_fine, _ = _tiny_d_fine()
+    other_d_fine, _ = _tiny_d_fine()
+    try:
+        assert patch_transformers_model(rt_v2) == 2
+        assert modeling_rt_detr_v2.multi_scale_deformable_attention_v2 is not original
+        assert patch_transformers_model(d_fine, backend="reference") == 2
+        cores = [m.ms_deformable_attn_core for m in d_fine.modules() if hasattr(m, "ms_deformable_attn_core")]
+        untouched = [m.ms_deformable_attn_core for m in other_d_fine.modules()
+                     if hasattr(m, "ms_deformable_attn_core")]
+        assert len(cores) == 2 and all(c is not modeling_d_fine.multi_scale_deformable_attention_v2
+                                       for c in cores)
+        assert all(c is modeling_d_fine.multi_scale_deformable_attention_v2 for c in untouched)
+        buffer = io.BytesIO()
+        torch.save(d_fine, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False).eval()
+        d_fine.eval()
+        pixels = torch.randn(1, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(pixel_values=pixels).last_hidden_state,
+                                       d_fine(pixel_values=pixels).last_hidden_state)
+    finally:
+        assert unpatch_transformers_functions() == 1
+    assert modeling_rt_detr_v2.multi_scale_deformable_attention_v2 is original
+
+
 def test_stateless_layer_matches_hf_layer_and_follows_hub_layer_rules():
     from transformers.models.deformable_detr import modeling_deformable_detr as ddetr
 

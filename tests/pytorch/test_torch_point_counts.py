@@ -268,3 +268,20 @@ def test_compile_fullgraph_with_num_points():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_export_keeps_padding_as_aten_ops_before_the_operator():
+    value, loc, weights, _ = _inputs(seed=9)
+
+    class Attention(torch.nn.Module):
+        def forward(self, v, s, a):
+            return nkilib_msda.multi_scale_deformable_attention(v, SHAPES, None, s, a,
+                                                               num_points=COUNTS)
+
+    program = torch.export.export(Attention(), (value, loc, weights))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert targets[-1] == "nkilib_msda.ms_deformable_attention.default"
+    assert "aten.cat.default" in targets
+    torch.testing.assert_close(program.module()(value, loc, weights),
+                               _oracle(value, SHAPES, loc, weights, COUNTS), rtol=1e-12, atol=1e-12)
