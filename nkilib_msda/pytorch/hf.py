@@ -87,12 +87,6 @@ class _Patched:
                                                 backend=self.backend)
 
 
-def _make_function(name: str, backend: str | None, original: Callable[..., Any]
-                   ) -> Callable[..., Tensor]:
-    """The replacement for transformers' function ``name``, remembering ``original``."""
-    return _Patched(name, backend, original)
-
-
 def _function_module(module: nn.Module) -> tuple[Any, str] | None:
     """(Python module defining ``type(module)``, function name) if that module holds one of
     transformers' patchable MSDA functions."""
@@ -129,7 +123,7 @@ def _patch_core_attribute(module: nn.Module, name: str, backend: str | None) -> 
     original = getattr(core, _PATCHED_MARK, core)
     if getattr(original, "__name__", None) != FUNCTION_V2_NAME:
         return False
-    setattr(module, _CORE_ATTRIBUTE, _make_function(name, backend, original))
+    setattr(module, _CORE_ATTRIBUTE, _Patched(name, backend, original))
     return True
 
 
@@ -140,7 +134,8 @@ def patch_transformers_model(model: nn.Module, backend: str | None = None) -> in
     forward signature) with nkilib_msda's; for mask2former/oneformer the module-level
     ``multi_scale_deformable_attention`` function; for rt_detr_v2 the module-level
     ``multi_scale_deformable_attention_v2``, and for d_fine/deimv2 each block's
-    ``ms_deformable_attn_core`` (per-level point counts, "default" and "discrete" methods). ``backend`` as for
+    ``ms_deformable_attn_core`` (per-level point counts, "default" and "discrete" methods).
+    ``backend`` as for
     :func:`nkilib_msda.multi_scale_deformable_attention` (None: automatic). Returns how many
     attention sites now use nkilib_msda (0, with a UserWarning, means the model has none).
     """
@@ -171,7 +166,7 @@ def patch_transformers_model(model: nn.Module, backend: str | None = None) -> in
     for (_, name), py_module in patched_modules.items():
         current = getattr(py_module, name)
         original = getattr(current, _PATCHED_MARK, current)
-        setattr(py_module, name, _make_function(name, backend, original))
+        setattr(py_module, name, _Patched(name, backend, original))
     if count == 0:
         warnings.warn(f"patch_transformers_model: {type(model).__name__} has no multi-scale "
                       f"deformable attention to patch (no transformers {LAYER_CLASS_NAME} layer, "
