@@ -16,6 +16,7 @@ from nkilib_msda._version import __version__
 
 _LAZY = {
     "multi_scale_deformable_attention": "nkilib_msda.pytorch.functional",
+    "multi_scale_deformable_attention_v2": "nkilib_msda.pytorch.msda_v2",
     "MSDeformAttnFunction": "nkilib_msda.pytorch.modules",
     "MSDeformAttn": "nkilib_msda.pytorch.modules",
     "MultiScaleDeformableAttention": "nkilib_msda.pytorch.modules",

@@ -376,6 +376,8 @@ def test_api_torch_functional_and_drop_ins():
     assert all(kind == "keyword_only" for _, kind, _ in init[len(documented_init):])
     assert _code_params(nkilib_msda.patch_transformers_model) == _documented_params(
         "nkilib_msda.patch_transformers_model")
+    assert _code_params(nkilib_msda.multi_scale_deformable_attention_v2) == _documented_params(
+        "nkilib_msda.multi_scale_deformable_attention_v2")
     # autograd.Function.apply is positional (as upstream's); the code keeps upstream's names
     # (value_spatial_shapes, value_level_start_index) where api.md writes spatial_shapes, ...
     apply_doc = _documented_params("nkilib_msda.MSDeformAttnFunction.apply")

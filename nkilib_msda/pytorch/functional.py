@@ -20,6 +20,7 @@ from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
 from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES
 from nkilib_msda.pytorch.call import bind_msda_call, needs_input_grad
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
+from nkilib_msda.pytorch.point_counts import level_count, pad_point_counts
 
 __all__ = ["multi_scale_deformable_attention"]
 
@@ -45,6 +46,7 @@ def multi_scale_deformable_attention(
     padding_mode: str = "zeros",
     backend: str | None = None,
     deterministic: bool | None = None,
+    num_points: Sequence[int] | None = None,
 ) -> Tensor:
     """Multi-scale deformable attention; returns (B, N_q, N_h*C_h) in value's dtype.
 
@@ -62,12 +64,20 @@ def multi_scale_deformable_attention(
             the backend's default (triton: ``NKILIB_MSDA_DETERMINISTIC``, else
             ``torch.are_deterministic_algorithms_enabled()``). The reference and nki backends
             are deterministic on CPU and Neuron whatever the flag.
+        num_points: per-level point counts (P_0, ..., P_{N_l-1}) (RT-DETRv2, D-FINE, DEIMv2):
+            then sampling_locations is (B, N_q, N_h, sum(P), 2) ((B, 2, N_q, N_h, sum(P)) for
+            "B2QHLP") and attention_weights (B, N_q, N_h, sum(P)), level after level. Padded
+            to max(P) points per level with zero weights (:mod:`.point_counts`).
 
     Differentiable with respect to value, sampling_locations and attention_weights. Invalid
     arguments raise ``ValueError``/``TypeError`` naming the argument before any kernel runs.
     Empty inputs (B = 0 or N_q = 0) return an empty output (and zero-size gradients) without
     calling a kernel. Meta tensors go through the operators' fake kernels (shapes only).
     """
+    if num_points is not None:
+        sampling_locations, attention_weights = pad_point_counts(
+            sampling_locations, attention_weights, num_points, level_count(spatial_shapes),
+            sampling_locations_layout)
     call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
                           attention_weights, value_layout, sampling_locations_layout,
                           align_corners, padding_mode, backend, deterministic,

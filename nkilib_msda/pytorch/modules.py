@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from nkilib_msda.pytorch.eager import can_skip_dispatcher
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
+from nkilib_msda.pytorch.point_counts import check_num_points
 from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
 
 __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
@@ -69,33 +70,40 @@ def _is_power_of_2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
 
+def _points_per_level(num_levels: int, num_points: int | Sequence[int]) -> tuple[int, ...]:
+    """(P_0, ..., P_{L-1}): ``num_points`` itself when per level, else repeated."""
+    return (num_points,) * num_levels if isinstance(num_points, int) else tuple(num_points)
+
+
 def msda_projections(embed_dims: int, value_dims: int, num_heads: int, num_levels: int,
-                     num_points: int) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+                     num_points: int | Sequence[int]
+                     ) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
     """The four linear layers of an MSDA module, in the order Deformable-DETR and mmcv register
-    them: sampling_offsets (embed -> heads*levels*points*2), attention_weights
-    (embed -> heads*levels*points), value_proj (embed -> value_dims), output_proj
-    (value_dims -> embed)."""
-    return (nn.Linear(embed_dims, num_heads * num_levels * num_points * 2),
-            nn.Linear(embed_dims, num_heads * num_levels * num_points),
+    them: sampling_offsets (embed -> heads*points*2), attention_weights (embed -> heads*points),
+    value_proj (embed -> value_dims), output_proj (value_dims -> embed); points = the sum of
+    the per-level counts (levels*points for an int)."""
+    points = sum(_points_per_level(num_levels, num_points))
+    return (nn.Linear(embed_dims, num_heads * points * 2),
+            nn.Linear(embed_dims, num_heads * points),
             nn.Linear(embed_dims, value_dims),
             nn.Linear(value_dims, embed_dims))
 
 
 def reset_msda_projections(sampling_offsets: nn.Linear, attention_weights: nn.Linear,
                            value_proj: nn.Linear, output_proj: nn.Linear, num_heads: int,
-                           num_levels: int, num_points: int) -> None:
+                           num_levels: int, num_points: int | Sequence[int]) -> None:
     """The init Deformable-DETR and mmcv share: zero offset weights, offset biases on a polar
-    grid (unit-max-norm direction per head, ring i+1 for point i), zero attention logits,
-    Xavier-uniform projections with zero biases."""
+    grid (unit-max-norm direction per head, ring i+1 for point i of each level), zero
+    attention logits, Xavier-uniform projections with zero biases."""
     nn.init.constant_(sampling_offsets.weight, 0.0)
     device = sampling_offsets.weight.device
     angles = torch.arange(num_heads, dtype=torch.float32, device=device) * (
         2.0 * math.pi / num_heads)
     directions = torch.stack([angles.cos(), angles.sin()], dim=-1)
     directions = directions / directions.abs().max(dim=-1, keepdim=True).values
-    rings = torch.arange(1, num_points + 1, dtype=torch.float32, device=device)
-    grid = (directions[:, None, None, :] * rings[None, None, :, None]).expand(
-        num_heads, num_levels, num_points, 2)
+    rings = torch.cat([torch.arange(1, count + 1, dtype=torch.float32, device=device)
+                       for count in _points_per_level(num_levels, num_points)])
+    grid = directions[:, None, :] * rings[None, :, None]            # (heads, sum(P), 2)
     with torch.no_grad():
         sampling_offsets.bias.copy_(grid.reshape(-1))
     nn.init.constant_(attention_weights.weight, 0.0)
@@ -113,18 +121,26 @@ class MSDeformAttn(nn.Module):
     input_level_start_index (n_levels,), input_padding_mask (N, Len_in) or None)``
     returns (N, Len_q, C). 2-d reference points are normalized (x, y) centres; 4-d ones are
     (x, y, w, h) boxes whose half-size scales the offsets. ``backend`` picks the compute backend.
+    ``n_points`` may be a per-level sequence (P_0, ..., P_{n_levels-1}) (RT-DETRv2 / D-FINE
+    style): the offsets and weights are then n_heads * sum(P) per query, the softmax runs over
+    the sum(P) points and a box's offsets are scaled by 1/P_l of their level.
     """
 
-    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
-                 *, backend: str | None = None):
+    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8,
+                 n_points: int | Sequence[int] = 4, *, backend: str | None = None):
         super().__init__()
-        for name, arg in (("d_model", d_model), ("n_levels", n_levels), ("n_heads", n_heads),
-                          ("n_points", n_points)):
+        for name, arg in (("d_model", d_model), ("n_levels", n_levels), ("n_heads", n_heads)):
             if isinstance(arg, bool) or not isinstance(arg, int):
                 raise TypeError(f"{name}: expected a positive int, got {arg!r} "
                                 f"({type(arg).__name__})")
             if arg <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {arg}")
+        self.num_points_list: tuple[int, ...] | None = None
+        if isinstance(n_points, int) and not isinstance(n_points, bool):
+            if n_points <= 0:
+                raise ValueError(f"n_points: expected a positive int, got {n_points}")
+        else:
+            n_points = self.num_points_list = check_num_points(n_points, n_levels, "n_points")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
         head_dim = d_model // n_heads
@@ -158,12 +174,17 @@ class MSDeformAttn(nn.Module):
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
         value = value.view(batch, length_in, self.n_heads, self.d_model // self.n_heads)
+        if self.num_points_list is not None:
+            return self.output_proj(self._per_level_points(
+                query, reference_points, value, shapes, input_level_start_index))
+        points = self.n_points
+        assert isinstance(points, int)  # per-level counts returned above
         offsets = self.sampling_offsets(query).view(
-            batch, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
+            batch, num_queries, self.n_heads, self.n_levels, points, 2)
         weights = self.attention_weights(query).view(
-            batch, num_queries, self.n_heads, self.n_levels * self.n_points)
+            batch, num_queries, self.n_heads, self.n_levels * points)
         weights = F.softmax(weights, dim=-1).view(
-            batch, num_queries, self.n_heads, self.n_levels, self.n_points)
+            batch, num_queries, self.n_heads, self.n_levels, points)
         if reference_points.shape[-1] == 2:
             # offsets are in pixels of each level: divide by (W, H)
             normalizer = _offset_normalizer(shapes, offsets.dtype, offsets.device)
@@ -172,10 +193,37 @@ class MSDeformAttn(nn.Module):
         else:
             # offsets are in units of the box half-size, shared over n_points rings
             locations = (reference_points[:, :, None, :, None, :2]
-                         + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
+                         + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
         output = multi_scale_deformable_attention(
             value, shapes, input_level_start_index, locations, weights, backend=self.backend)
         return self.output_proj(output)
+
+    def _per_level_points(self, query: Tensor, reference_points: Tensor, value: Tensor,
+                          shapes: tuple[tuple[int, int], ...], level_start_index: Any) -> Tensor:
+        """The attention (N, Len_q, d_model) with per-level counts ``num_points_list``: every
+        per-point factor repeats its level's entry P_l times (points packed level by level)."""
+        counts = self.num_points_list
+        assert counts is not None
+        batch, num_queries, _ = query.shape
+        total = sum(counts)
+        offsets = self.sampling_offsets(query).view(batch, num_queries, self.n_heads, total, 2)
+        weights = F.softmax(self.attention_weights(query).view(
+            batch, num_queries, self.n_heads, total), dim=-1)
+        # (N, Len_q, sum(P), 2 or 4): each point's reference, taken from its level
+        refs = torch.cat([reference_points[:, :, level:level + 1].expand(-1, -1, count, -1)
+                          for level, count in enumerate(counts)], dim=2)
+        if reference_points.shape[-1] == 2:
+            normalizer = _offset_normalizer(shapes, offsets.dtype, offsets.device)
+            per_point = torch.cat([normalizer[level:level + 1].expand(count, 2)
+                                   for level, count in enumerate(counts)])
+            locations = refs[:, :, None, :, :] + offsets / per_point
+        else:
+            scale = offsets.new_tensor([0.5 / count for count in counts for _ in range(count)])
+            locations = (refs[:, :, None, :, :2]
+                         + offsets * scale[:, None] * refs[:, :, None, :, 2:])
+        return multi_scale_deformable_attention(
+            value, shapes, level_start_index, locations, weights, backend=self.backend,
+            num_points=counts)
 
     def _check_inputs(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
                       shapes: tuple[tuple[int, int], ...], input_padding_mask: Tensor | None) -> None:

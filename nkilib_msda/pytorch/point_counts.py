@@ -1,0 +1,128 @@
+"""Per-level point counts ``num_points=(P_0, ..., P_{L-1})`` on the uniform-point backends.
+
+RT-DETRv2, D-FINE and DEIMv2 give level l its own number of points P_l and pack each head's
+points level after level: sampling locations (B, N_q, N_h, sum(P), 2) ("BQHLP2"; "B2QHLP":
+(B, 2, N_q, N_h, sum(P))) and attention weights (B, N_q, N_h, sum(P)). Every backend samples
+the same number of points on every level, so :func:`pad_point_counts` spreads the packed points
+to P_max = max(P_l) per level:
+
+- a padded slot has weight 0 and location (-1, -1), whose four bilinear corners lie outside
+  every level with ``align_corners=False`` (pixel -W - 0.5): it adds exactly nothing, and with
+  zero padding a non-finite value cannot reach the output through it;
+- the spreading is slices and ``torch.cat`` (plain autograd ops, traced like any other), so the
+  gradients of the padded slots are dropped by the concatenation's backward and never reach
+  a real slot or the caller;
+- equal counts are a reshape: nothing is padded.
+
+The cost is the padding itself: the backends sample L * P_max points per head instead of
+sum(P) (docs/torch.md, "Per-level point counts", has measurements).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch import Tensor, cat
+
+__all__ = ["check_num_points", "check_packed_points", "level_count", "pad_point_counts",
+           "OFF_MAP_LOCATION"]
+
+OFF_MAP_LOCATION = -1.0
+_LAYOUTS = ("BQHLP2", "B2QHLP")
+
+
+def check_num_points(num_points: Any, num_levels: int, name: str = "num_points"
+                     ) -> tuple[int, ...]:
+    """``num_points`` as a tuple of ``num_levels`` positive ints, else ValueError/TypeError
+    naming the argument ``name``."""
+    if isinstance(num_points, Tensor):
+        num_points = num_points.tolist()
+    if isinstance(num_points, (str, bytes)) or not isinstance(num_points, Sequence):
+        raise TypeError(f"{name}: expected a sequence of positive ints (one per level), got "
+                        f"{type(num_points).__name__}")
+    counts = tuple(num_points)
+    if any(isinstance(p, bool) or not isinstance(p, int) or p <= 0 for p in counts):
+        raise ValueError(f"{name}: expected positive ints, got {list(counts)!r}")
+    if len(counts) != num_levels:
+        raise ValueError(f"{name}: expected one count per level ({num_levels} levels), got "
+                         f"{len(counts)}: {list(counts)!r}")
+    return counts
+
+
+def level_count(spatial_shapes: Any) -> int:
+    """How many levels ``spatial_shapes`` (pairs or an (N_l, 2) tensor) lists."""
+    try:
+        return len(spatial_shapes)
+    except TypeError:
+        raise TypeError(f"spatial_shapes: expected (H, W) pairs or an int tensor (N_l, 2), got "
+                        f"{type(spatial_shapes).__name__}") from None
+
+
+def _point_dim(sampling_locations_layout: str) -> int:
+    """The packed point axis of the locations (BQHLP2: -2, B2QHLP: -1)."""
+    if sampling_locations_layout not in _LAYOUTS:
+        raise ValueError(f"sampling_locations_layout: expected one of {list(_LAYOUTS)}, got "
+                         f"{sampling_locations_layout!r}")
+    return -2 if sampling_locations_layout == "BQHLP2" else -1
+
+
+def check_packed_points(sampling_locations: Tensor, attention_weights: Tensor,
+                        num_points: tuple[int, ...], sampling_locations_layout: str = "BQHLP2"
+                        ) -> None:
+    """Raise ValueError unless the locations and weights are packed for ``num_points``."""
+    for name, x in (("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    total = sum(num_points)
+    if sampling_locations_layout == "BQHLP2":
+        want = "(B, N_q, N_h, sum(num_points), 2)"
+        ok = sampling_locations.dim() == 5 and sampling_locations.shape[-1] == 2 \
+            and sampling_locations.shape[-2] == total
+    else:
+        want = "(B, 2, N_q, N_h, sum(num_points))"
+        ok = sampling_locations.dim() == 5 and sampling_locations.shape[1] == 2 \
+            and sampling_locations.shape[-1] == total
+    if not ok:
+        raise ValueError(f"sampling_locations: expected {want} with sum(num_points) = {total} "
+                         f"for num_points={list(num_points)} and layout "
+                         f"{sampling_locations_layout!r}, got shape {tuple(sampling_locations.shape)}")
+    if attention_weights.dim() != 4 or attention_weights.shape[-1] != total:
+        raise ValueError(f"attention_weights: expected (B, N_q, N_h, sum(num_points)) with "
+                         f"sum(num_points) = {total} for num_points={list(num_points)}, got shape "
+                         f"{tuple(attention_weights.shape)}")
+
+
+def _spread(x: Tensor, dim: int, counts: tuple[int, ...], width: int, fill: float) -> Tensor:
+    """Level l's ``counts[l]`` packed entries along ``dim`` then ``width - counts[l]`` slots
+    of ``fill``, for every level, as one tensor of ``len(counts) * width`` entries."""
+    pieces = []
+    start = 0
+    for count in counts:
+        pieces.append(x.narrow(dim, start, count))
+        if count < width:
+            shape = list(x.shape)
+            shape[dim] = width - count
+            pieces.append(x.new_full(shape, fill))
+        start += count
+    return cat(pieces, dim=dim)
+
+
+def pad_point_counts(sampling_locations: Tensor, attention_weights: Tensor, num_points: Any,
+                     num_levels: int, sampling_locations_layout: str = "BQHLP2"
+                     ) -> tuple[Tensor, Tensor]:
+    """Packed per-level points -> the uniform layout with P_max = max(num_points) points.
+
+    Returns locations (B, N_q, N_h, L, P_max, 2) for "BQHLP2" ((B, 2, N_q, N_h, L, P_max) for
+    "B2QHLP") and weights (B, N_q, N_h, L, P_max); padded slots as in the module docstring.
+    Differentiable; the gradients of padded slots are discarded.
+    """
+    dim = _point_dim(sampling_locations_layout)
+    counts = check_num_points(num_points, num_levels)
+    check_packed_points(sampling_locations, attention_weights, counts, sampling_locations_layout)
+    width = max(counts)
+    if any(count != width for count in counts):
+        sampling_locations = _spread(sampling_locations, dim, counts, width, OFF_MAP_LOCATION)
+        attention_weights = _spread(attention_weights, -1, counts, width, 0.0)
+    return (sampling_locations.unflatten(dim, (num_levels, width)),
+            attention_weights.unflatten(-1, (num_levels, width)))
