@@ -282,6 +282,7 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
             ("gaw", (f,), "float32"),
             ("gaw_out", (f,), value_dtype),
             ("gsl", (f, 2), "float32"),
+            ("grad_scale", (2,), "float32"),
         ]
         if gather_method == "transpose":  # partitions = channels, free = M_g*128 gathered rows
             tiles.append(("transposed", (gather_columns * PARTITIONS,), value_dtype))

@@ -59,6 +59,7 @@ class BackwardTiles:
     gaw: Any = None
     gaw_out: Any = None
     gsl: Any = None
+    grad_scale: Any = None     # (2,) fp32: 2^-k, 2^k per partition (grad_output row scaling)
     transposed: Any = None
     psum: Any = None           # PSUM (psum_columns, C_max) in the value dtype
     # scatter (None unless grad_value is wanted)

@@ -35,6 +35,7 @@ CASE_NAMES = [
     "points_backward_fast_mode",
     "nonfinite_coordinates",
     "nonfinite_values_outside_map",
+    "edge_numerics",
 ]
 
 
