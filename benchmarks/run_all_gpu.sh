@@ -5,7 +5,7 @@
 #    benchmark uses (Triton's on-disk cache is shared; compiling dominates otherwise), then
 # 2. the timed benchmark, alone on the GPU: this package's public function and kernels, and the
 #    peers PyTorch grid_sample ("ref") and Deformable-DETR's CUDA op ("cuda", when it builds), so
-#    that $OUT/bench/results.md, results.json and bench_gpu.png all come from this one run.
+#    that the tables, results.json and bench_gpu.png under $OUT/bench all come from this one run.
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"

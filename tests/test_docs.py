@@ -99,17 +99,17 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
         from nkilib_msda.simulator.report import CostReport
 
-        names.update(_msda_numpy_inputs(rng))
+        names.update(_msda_numpy_inputs(rng))  # a block that builds its own inputs overrides them
         code = code.replace("(...)", "(value, spatial_shapes, level_start_index, sampling_locations, "
                                      "attention_weights)")
-        args = {k: names[k] for k in ("value", "spatial_shapes", "level_start_index",
-                                      "sampling_locations", "attention_weights")}
 
         def check_kernels(ns: dict[str, Any]) -> None:
+            args = {k: ns[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                       "sampling_locations", "attention_weights")}
             assert ns["out"].dtype == ml_dtypes.bfloat16
             out_tol = tolerance("output", "bfloat16")
             assert _max_rel(ns["out"], ms_deformable_attention_ref(**args)) <= out_tol
-            refs = ms_deformable_attention_bwd_ref(names["grad_output"], **args)
+            refs = ms_deformable_attention_bwd_ref(ns["grad_output"], **args)
             for name, got, ref in zip(QUANTITIES[1:], (ns["grad_value"], ns["grad_loc"], ns["grad_attn"]), refs):
                 assert got.shape == ref.shape and _max_rel(got, ref) <= tolerance(name, "bfloat16")
             if "report" in ns:
@@ -272,6 +272,35 @@ def test_doc_snippet_runs(path, index, code, monkeypatch):
 
 def test_every_doc_with_snippets_has_some():
     assert {p for p, _, _ in SNIPPETS} == set(DOCS_WITH_SNIPPETS)
+
+
+def test_readme_starts_with_the_quick_start_and_its_kernel_inputs():
+    """A stranger sees the quick start on the first screen, and its NKI block builds every
+    input it passes (no elided names)."""
+    readme = (ROOT / "README.md").read_text()
+    assert readme.index("\n## Quick start\n") < len("\n".join(readme.splitlines()[:40]))
+    quick = readme.split("\n## Quick start\n")[1].split("\n## ")[0]
+    kernel_block = next(b for b in re.findall(r"```python\n(.*?)```", quick, re.S)
+                        if "simulate(ms_deformable_attention" in b)
+    for name in ("value", "spatial_shapes", "level_start_index", "sampling_locations",
+                 "attention_weights", "grad_output"):
+        assert re.search(rf"^{name} = ", kernel_block, re.M), f"quick start does not build {name}"
+
+
+def test_ci_runs_the_readme_quick_start():
+    """README, Quick start: "CI (.ci/run) runs these three commands", spelled
+    ``python -m pip install -q`` and ``python -m pytest ...``."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("\n## Quick start\n")[1].split("\n## ")[0]
+    commands = [line.split("#")[0].strip() for line in
+                re.search(r"```bash\n(.*?)```", quick, re.S).group(1).splitlines() if line.strip()]
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert len(commands) == 3
+    for command in commands:
+        spelled = (command.replace("pip install", "python -m pip install -q")
+                   .replace("pytest", "python -m pytest"))
+        assert any(line.startswith(spelled) for line in ci_lines), f".ci/run lacks: {spelled}"
 
 
 # ---------------------------------------------------------------------------- (b) api.md
