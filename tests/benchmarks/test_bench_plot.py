@@ -3,25 +3,17 @@ names exactly the series measured in that run and covers no bar (no GPU needed).
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib is an optional dependency (pip install .[bench])")
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "benchmarks" / "bench_plot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_plot = _load()
+bench_plot = SimpleNamespace(**runpy.run_path(str(ROOT / "benchmarks" / "bench_plot.py")))
 
 
 def _row(shape, dtype, impl, mode, method, us):
