@@ -345,7 +345,11 @@ class _BackwardKernel:
         to the infinity of the right sign, instead of giving inf - inf = NaN in the corner sum.
         Exact: a power-of-two scale only moves exponents. Built from exponent bits: 2^-k has
         bits 0x7F000000 - E(max|g|), clamped to [2^-126, 1]; 2^k has 0x7F000000 - bits(2^-k)
-        (inf/NaN rows take 2^-126 and stay inf/NaN)."""
+        (inf/NaN rows take 2^-126 and stay inf/NaN). The bitvec op runs on int32 views; the
+        int32 subtract / min / max are exact even if the engine computes them in float32, as
+        every value is a multiple of 2^23 below 2^31 (tensor_scalar: one op kind per
+        instruction, bitvec ops on integer dtypes,
+        https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_scalar.html)."""
         t = self.t
         grad = t.grad[0:n, 0:blocks, :]
         scale = t.grad_scale[0:n, :]
