@@ -243,13 +243,13 @@ def check_device_lnc() -> int:
 def _torch_neuronx_launcher(kernel: Any) -> Callable[..., Any]:
     """Call the ``@nki.jit`` kernel on ``neuron`` tensors (torch-neuronx runs it), after
     :func:`check_device_lnc`."""
-    check_device_lnc()
     try:
         import torch_neuronx  # type: ignore[import-not-found]  # noqa: F401 - registers the device
     except ImportError as exc:
         raise RuntimeError(
             "the nki backend got tensors on TorchNeuron's device but torch-neuronx cannot be "
             f"imported ({exc}); install torch-neuronx on a Trn2/Trn3 instance") from exc
+    check_device_lnc()
     return kernel
 
 

@@ -4,6 +4,9 @@ in test_torch_neuron.py on a stand-in device."""
 from __future__ import annotations
 
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -173,5 +176,6 @@ def test_device_launch_checks_the_kernel_lnc_against_the_compile(monkeypatch, ln
         return
     with pytest.raises(ValueError, match=rf"^NEURON_LOGICAL_NC_CONFIG: {expected}"):
         nki_backend.check_device_lnc()
-    with pytest.raises(ValueError, match="NCC_EVRF066"):  # before torch_neuronx is imported
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    with pytest.raises(ValueError, match="NCC_EVRF066"):  # the device launcher checks it
         nki_backend._torch_neuronx_launcher(lambda *args: None)
