@@ -5,7 +5,7 @@ implementation on the same inputs for the shapes of docs/performance.md, in fp32
 forward and forward+backward, and prints a markdown table: median µs, effective bandwidth on
 compulsory bytes, ratio to the compulsory-bytes floor (bytes / measured copy bandwidth) and
 relative L2 error against a float64 grid_sample reference. Writes results.md, results.json and
-bench_gpu.png under ``--out``.
+bench_gpu.png (benchmarks/bench_plot.py, from the same rows) under ``--out``.
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between calls; "eager"), and for our
 rows (and the decoders of every implementation) CUDA-graph replay (``do_bench_cudagraph``),
@@ -404,35 +404,23 @@ def targets_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write_plot(rows: list[Row], path: str) -> None:
-    import matplotlib
+def write_plot(results: dict, path: str) -> None:
+    """bench_gpu.png from this run's results (the dict written to results.json), drawn by
+    benchmarks/bench_plot.py (loaded by path: this script also runs as ``nkilib-msda bench``)."""
+    import importlib.util
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    spec = importlib.util.spec_from_file_location(
+        "nkilib_bench_plot", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_plot.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.plot(results, path)
 
-    modes = sorted({r.mode for r in rows}, key=MODES.index)
-    fig, axes = plt.subplots(len(modes), 1, figsize=(13, 4.5 * len(modes)), squeeze=False)
-    for ax, mode in zip(axes[:, 0], modes):
-        sel = [r for r in rows if r.mode == mode and r.method == "do_bench"]
-        groups = sorted({(r.shape, r.dtype) for r in sel}, key=lambda k: (list(SHAPES).index(k[0]), k[1]))
-        impls = sorted({r.impl for r in sel})
-        width = 0.8 / max(1, len(impls))
-        for i, impl in enumerate(impls):
-            xs, ys = [], []
-            for j, g in enumerate(groups):
-                hit = [r.us for r in sel if (r.shape, r.dtype) == g and r.impl == impl]
-                if hit:
-                    xs.append(j + i * width)
-                    ys.append(hit[0])
-            ax.bar(xs, ys, width, label=impl)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
-        ax.set_xticklabels([f"{s}\n{d}" for s, d in groups], fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("µs (median, log)")
-        ax.set_title(f"MSDA {mode}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+def results_dict(rows: list[Row], device: str, command: str) -> dict:
+    """What results.json holds."""
+    return {"device": device, "command": command,
+            "rows": [asdict(r) | {"tb_s": r.bandwidth_tbs, "over_floor": r.over_floor} for r in rows]}
 
 
 def rows_from_log(text: str) -> list[Row]:
@@ -567,7 +555,8 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         print(summary_table(rows) + "\n\n" + targets_table(rows))
         try:
-            write_plot(rows, os.path.join(args.out, "bench_gpu.png"))
+            write_plot(results_dict(rows, f"rows of {args.tables_from}", "see the log"),
+                       os.path.join(args.out, "bench_gpu.png"))
         except ImportError as exc:
             print(f"plot skipped: matplotlib not importable ({exc})")
         return 0
@@ -607,12 +596,11 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(f"Command: `{command}`\n\nDevice: {device}\n\n## Summary (µs)\n\n{summary}\n\n"
                 f"## Targets\n\n{targets}\n\n## All rows\n\n{table}\n")
+    results = results_dict(rows, device, command)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"device": device, "command": command,
-                   "rows": [asdict(r) | {"tb_s": r.bandwidth_tbs, "over_floor": r.over_floor}
-                            for r in rows]}, f, indent=1)
+        json.dump(results, f, indent=1)
     try:
-        write_plot(rows, os.path.join(args.out, "bench_gpu.png"))
+        write_plot(results, os.path.join(args.out, "bench_gpu.png"))
     except ImportError as exc:
         print(f"plot skipped: matplotlib not importable ({exc})")
     print("\n" + table)

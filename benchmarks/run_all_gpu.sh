@@ -3,7 +3,9 @@
 # repository root:   bash benchmarks/run_all_gpu.sh [OUT_DIR]
 # 1. benchmarks/check_gpu.py in 12 processes (shards) while 12 more compile every kernel the
 #    benchmark uses (Triton's on-disk cache is shared; compiling dominates otherwise), then
-# 2. the timed benchmark, alone on the GPU.
+# 2. the timed benchmark, alone on the GPU: this package's public function and kernels, and the
+#    peers PyTorch grid_sample ("ref") and Deformable-DETR's CUDA op ("cuda", when it builds), so
+#    that the tables, results.json and bench_gpu.png under $OUT/bench all come from this one run.
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -25,6 +27,6 @@ cat "$out"/check_*.log | grep -E "^(PASS|FAIL|INFO)" | sort -k1,1 > "$out/check.
 echo "check: $(grep -c '^PASS' "$out/check.txt") PASS, $(grep -c '^FAIL' "$out/check.txt") FAIL"
 grep '^FAIL' "$out/check.txt"
 grep -l -E "Traceback|Error" "$out"/check_*.log "$out"/warm_*.log
-python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api --warmup 10 --rep 40 \
+python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda --warmup 10 --rep 40 \
   --out "$out/bench" 2>&1 | tee "$out/bench.log"
 echo "total: $(( $(date +%s) - start )) s"

@@ -6,15 +6,19 @@ decoded by MSDeformAttn -> box regression) trained with DistributedDataParallel 
 FSDP2 (``--fsdp``), one process per logical NeuronCore, on the ``neuron`` device
 (torch-neuronx 2.14+, Neuron SDK 2.33+). On ``neuron`` tensors the registered operators
 ``torch.ops.nkilib_msda.*`` run their PrivateUse1 kernels, which launch the NKI forward and
-backward kernels (see docs/torch.md). The LNC degree comes from ``NEURON_LOGICAL_NC_CONFIG``
-(1 or 2); with ``--compile`` it must match neuronx-cc's ``--lnc`` (Trn2 default 2).
+backward kernels (see docs/torch.md). The kernels' LNC degree comes from
+``NEURON_LOGICAL_NC_CONFIG`` (unset: 1) and must equal neuronx-cc's ``--lnc`` (unset: 2 on
+Trn2/Trn3); the nki backend refuses a mismatch before the launch (docs/kernels.md, "LNC on a
+Trainium instance"), so export the variable:
 
-One trn2.48xlarge (64 logical NeuronCores with the default LNC=2):
+One trn2.48xlarge (64 logical NeuronCores at LNC 2):
 
+    export NEURON_LOGICAL_NC_CONFIG=2
     torchrun --nproc_per_node=64 examples/train_trn2.py --steps 100
 
-Several instances (EFA configured; same command on every node, node_rank 0..N-1):
+Several instances (EFA configured; same commands on every node, node_rank 0..N-1):
 
+    export NEURON_LOGICAL_NC_CONFIG=2
     torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=64 \\
         --master_addr=$MASTER_ADDR --master_port=29500 examples/train_trn2.py
 

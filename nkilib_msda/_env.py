@@ -134,6 +134,29 @@ def _legacy_lnc() -> int | None:
     return degree
 
 
+_COMPILER_LNC_FLAGS = ("--lnc", "-lnc", "--logical-nc-config")
+
+
+def _compiler_lnc() -> int | None:
+    """The LNC degree NEURON_CC_FLAGS passes to neuronx-cc (``--lnc``, ``-lnc`` or
+    ``--logical-nc-config``, with ``=`` or a space; the last one wins), None when it sets none.
+    Other flags are neuronx-cc's business and ignored; an LNC value other than 1 or 2 raises."""
+    words = _raw("NEURON_CC_FLAGS").split()
+    degree = None
+    for i, word in enumerate(words):
+        flag, _, value = word.partition("=")
+        if flag not in _COMPILER_LNC_FLAGS:
+            continue
+        if not value:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if value not in ("1", "2"):
+            raise EnvironmentVariableError(
+                f"NEURON_CC_FLAGS: expected {flag} 1 or 2 (or no {flag}), "
+                f"got {_raw('NEURON_CC_FLAGS')!r}")
+        degree = int(value)
+    return degree
+
+
 _BACKENDS = ("auto", "reference", "nki", "triton")
 
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
@@ -157,6 +180,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "LNC degree of every NKI launch, on Neuron devices and in the emulator; set it to the "
            "`--lnc` your graph is compiled with (neuronx-cc defaults to 2 on Trn2)",
            lambda: _lnc("NEURON_LOGICAL_NC_CONFIG"), owner="Neuron SDK"),
+    EnvVar("NEURON_CC_FLAGS", "neuronx-cc's flags (default: none)",
+           "only its `--lnc` / `--logical-nc-config` is read: on a Neuron device the nki backend "
+           "refuses to launch when it differs from the kernels' LNC (unset: neuronx-cc uses 2 on "
+           "Trn2 and Trn3), see [docs/kernels.md](docs/kernels.md#lnc-on-a-trainium-instance)",
+           _compiler_lnc, owner="Neuron SDK"),
     EnvVar("NKILIB_MSDA_SIM_LNC", "`1`, `2`",
            "deprecated (DeprecationWarning when set): read when `NEURON_LOGICAL_NC_CONFIG` is unset",
            _legacy_lnc, legacy_for="NEURON_LOGICAL_NC_CONFIG"),

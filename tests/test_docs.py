@@ -99,17 +99,17 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
         from nkilib_msda.simulator.report import CostReport
 
-        names.update(_msda_numpy_inputs(rng))
+        names.update(_msda_numpy_inputs(rng))  # a block that builds its own inputs overrides them
         code = code.replace("(...)", "(value, spatial_shapes, level_start_index, sampling_locations, "
                                      "attention_weights)")
-        args = {k: names[k] for k in ("value", "spatial_shapes", "level_start_index",
-                                      "sampling_locations", "attention_weights")}
 
         def check_kernels(ns: dict[str, Any]) -> None:
+            args = {k: ns[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                       "sampling_locations", "attention_weights")}
             assert ns["out"].dtype == ml_dtypes.bfloat16
             out_tol = tolerance("output", "bfloat16")
             assert _max_rel(ns["out"], ms_deformable_attention_ref(**args)) <= out_tol
-            refs = ms_deformable_attention_bwd_ref(names["grad_output"], **args)
+            refs = ms_deformable_attention_bwd_ref(ns["grad_output"], **args)
             for name, got, ref in zip(QUANTITIES[1:], (ns["grad_value"], ns["grad_loc"], ns["grad_attn"]), refs):
                 assert got.shape == ref.shape and _max_rel(got, ref) <= tolerance(name, "bfloat16")
             if "report" in ns:
@@ -274,6 +274,35 @@ def test_every_doc_with_snippets_has_some():
     assert {p for p, _, _ in SNIPPETS} == set(DOCS_WITH_SNIPPETS)
 
 
+def test_readme_starts_with_the_quick_start_and_its_kernel_inputs():
+    """A stranger sees the quick start on the first screen, and its NKI block builds every
+    input it passes (no elided names)."""
+    readme = (ROOT / "README.md").read_text()
+    assert readme.index("\n## Quick start\n") < len("\n".join(readme.splitlines()[:40]))
+    quick = readme.split("\n## Quick start\n")[1].split("\n## ")[0]
+    kernel_block = next(b for b in re.findall(r"```python\n(.*?)```", quick, re.S)
+                        if "simulate(ms_deformable_attention" in b)
+    for name in ("value", "spatial_shapes", "level_start_index", "sampling_locations",
+                 "attention_weights", "grad_output"):
+        assert re.search(rf"^{name} = ", kernel_block, re.M), f"quick start does not build {name}"
+
+
+def test_ci_runs_the_readme_quick_start():
+    """README, Quick start: "CI (.ci/run) runs these three commands", spelled
+    ``python -m pip install -q`` and ``python -m pytest ...``."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("\n## Quick start\n")[1].split("\n## ")[0]
+    commands = [line.split("#")[0].strip() for line in
+                re.search(r"```bash\n(.*?)```", quick, re.S).group(1).splitlines() if line.strip()]
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert len(commands) == 3
+    for command in commands:
+        spelled = (command.replace("pip install", "python -m pip install -q")
+                   .replace("pytest", "python -m pytest"))
+        assert any(line.startswith(spelled) for line in ci_lines), f".ci/run lacks: {spelled}"
+
+
 # ---------------------------------------------------------------------------- (b) api.md
 
 _API = (ROOT / "docs" / "api.md").read_text()
@@ -364,12 +393,8 @@ def test_api_torch_functional_and_drop_ins():
     pytest.importorskip("torch")
     import nkilib_msda
 
-    documented = _documented_params("nkilib_msda.multi_scale_deformable_attention")
-    code = _code_params(nkilib_msda.multi_scale_deformable_attention)
-    assert code[:len(documented)] == documented
-    # api.md: "Add to them freely": additions are keyword-only with defaults (e.g. deterministic).
-    assert all(kind == "keyword_only" and default is not inspect.Parameter.empty
-               for _, kind, default in code[len(documented):])
+    assert _code_signature(nkilib_msda.multi_scale_deformable_attention) == _documented_signature(
+        "nkilib_msda.multi_scale_deformable_attention")
     documented_init = _documented_params("nkilib_msda.MSDeformAttn")
     init = _code_params(nkilib_msda.MSDeformAttn.__init__)
     assert init[:len(documented_init)] == documented_init
@@ -378,6 +403,8 @@ def test_api_torch_functional_and_drop_ins():
         "nkilib_msda.patch_transformers_model")
     assert _code_params(nkilib_msda.multi_scale_deformable_attention_v2) == _documented_params(
         "nkilib_msda.multi_scale_deformable_attention_v2")
+    assert _code_signature(nkilib_msda.register_hf_kernels) == _documented_signature(
+        "nkilib_msda.register_hf_kernels")
     # autograd.Function.apply is positional (as upstream's); the code keeps upstream's names
     # (value_spatial_shapes, value_level_start_index) where api.md writes spatial_shapes, ...
     apply_doc = _documented_params("nkilib_msda.MSDeformAttnFunction.apply")
@@ -461,3 +488,57 @@ def test_api_mmcv_and_buckets():
     }
     for call, func in documented.items():
         assert _code_signature(func) == _documented_signature(call), call
+
+
+def test_api_block_attn_res_kernels():
+    """§7: the Block AttnRes NKI kernels' whole signatures."""
+    from nkilib_msda.experimental.block_attn_res import block_attn_res_bwd, block_attn_res_fwd
+
+    assert _code_signature(block_attn_res_fwd) == _documented_signature("block_attn_res_fwd")
+    assert _code_signature(block_attn_res_bwd) == _documented_signature("block_attn_res_bwd")
+
+
+def test_api_registered_operator_schema():
+    """§4: the registered forward operator's schema (names and defaults) as api.md writes it."""
+    torch = pytest.importorskip("torch")
+    import nkilib_msda  # noqa: F401 - registers the operators
+
+    schema = torch.ops.nkilib_msda.ms_deformable_attention.default._schema
+    code = [(a.name, "positional", repr(a.default_value) if a.has_default_value() else None)
+            for a in schema.arguments]
+    assert code == _documented_signature("torch.ops.nkilib_msda.ms_deformable_attention")
+
+
+# Public callables whose api.md signature a test above compares with the code. Every public
+# function or class of these modules that api.md writes with arguments must be listed here.
+SIGNATURE_CHECKED = {
+    "ms_deformable_attention", "ms_deformable_attention_bwd", "ms_deformable_attention_ref",
+    "ms_deformable_attention_bwd_ref", "simulate", "multi_scale_deformable_attention",
+    "MSDeformAttn", "MSDeformAttnFunction", "MultiScaleDeformableAttention",
+    "patch_transformers_model", "register_hf_kernels", "block_attn_res", "block_attn_res_backward",
+    "block_attn_res_ref", "block_attn_res_backward_ref", "block_attn_res_fwd", "block_attn_res_bwd",
+    "patch_mmcv", "unpatch_mmcv", "multi_scale_deformable_attn_pytorch",
+    "MultiScaleDeformableAttnFunction", "MultiScaleDeformableAttention", "hook_transformers_layers",
+    "bucket_grid", "select_bucket", "pad_to_bucket", "level_masks", "get_valid_ratio",
+    "valid_ratios", "flatten_level_masks", "encoder_reference_points",
+}
+
+
+def test_every_public_function_written_in_api_md_has_its_signature_checked():
+    """``name(arg...`` written in api.md for a public callable (``nki.jit(...)`` is NKI's
+    decorator, not ours) means a test above compares that signature with the code."""
+    pytest.importorskip("torch")
+    import importlib
+
+    modules = ("nkilib_msda", "nkilib_msda.pytorch", "nkilib_msda.reference",
+               "nkilib_msda.simulator", "nkilib_msda.experimental.deformable_attention",
+               "nkilib_msda.experimental.block_attn_res", "nkilib_msda.mmcv", "nkilib_msda.buckets")
+    written = set()
+    for name in modules:
+        module = importlib.import_module(name)
+        for public in getattr(module, "__all__", ()):
+            if callable(getattr(module, public, None)) and re.search(
+                    rf"(?<![\w])(?<!nki\.){re.escape(public)}(\.apply)?\((?!\.\.\.)\w", _API):
+                written.add(public)
+    assert written, "no public signature found in api.md"
+    assert written <= SIGNATURE_CHECKED, sorted(written - SIGNATURE_CHECKED)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from nkilib_msda.backends._bilinear import LevelTables, axis
+from nkilib_msda.backends._grad_scale import row_scales
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ELEMENTS_PER_CORNER", "value_matrix", "forward", "backward"]
@@ -146,7 +147,8 @@ def forward(value_rows: torch.Tensor, problem: MSDAProblem, levels: LevelTables,
     sums = []
     for qs in chunks:
         c = _corners(p, levels, u[:, qs], v[:, qs], index_dtype)
-        coef = c.weights() * attn[:, qs]
+        # 0, not a * 0, outside the map: an infinite attention weight adds nothing there
+        coef = torch.where(c.inside, c.weights() * attn[:, qs], torch.zeros((), dtype=attn.dtype))
         chunk = _weighted_sum(value_rows, c.rows.reshape(4, -1, per_bag),
                               coef.reshape(4, -1, per_bag))
         sums.append(chunk.sum())
@@ -206,13 +208,15 @@ def backward(grad: torch.Tensor, value_rows: torch.Tensor, problem: MSDAProblem,
         if want_value:
             grad_value += _grad_value_chunk(g, c, weights * a, value_rows.shape[0], p)
         if want_loc or want_attn:
-            dots = _corner_dots(value_rows, c.rows.reshape(4, -1, per_bag), g)
+            scale, unscale = row_scales(g)  # dots of 2^-k g, gradients times 2^k last
+            unscale = unscale.view(*a.shape[:3], 1, 1)
+            dots = _corner_dots(value_rows, c.rows.reshape(4, -1, per_bag), g * scale)
             dots = torch.where(c.inside, dots.reshape(c.rows.shape), zero)  # (y, x, …)
             if want_attn:
-                grad_attn[:, qs] = (weights * dots).sum((0, 1))
+                grad_attn[:, qs] = (weights * dots).sum((0, 1)) * unscale
             if want_loc:
                 along_x = dots[:, 1] - dots[:, 0]  # (y, …)
                 along_y = dots[1] - dots[0]  # (x, …)
-                grad_u[:, qs] = a * c.deriv_x * (c.fy * along_x).sum(0)
-                grad_v[:, qs] = a * c.deriv_y * (c.fx * along_y).sum(0)
+                grad_u[:, qs] = a * c.deriv_x * (c.fy * along_x).sum(0) * unscale
+                grad_v[:, qs] = a * c.deriv_y * (c.fx * along_y).sum(0) * unscale
     return grad_value, grad_u, grad_v, grad_attn

@@ -11,7 +11,9 @@ TorchNeuron's ``neuron`` tensors.
   with a stand-in device.
 - LNC degree: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2; unset means 1, the default of a kernel
   called directly), validated by :func:`lnc_degree` before any launch. On the device the kernel
-  reads it itself (no bracket launch, which is being deprecated); the emulator is given it.
+  reads it itself (no bracket launch, which is being deprecated), after
+  :func:`check_device_lnc` has checked it against the degree neuronx-cc compiles at; the
+  emulator is given it.
   https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/get-started/about/lnc.html
 
 Argument preparation (:func:`call_forward_kernel`, :func:`call_backward_kernel`) is shared by
@@ -32,7 +34,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from nkilib_msda._env import read_env
+from nkilib_msda._env import EnvironmentVariableError, read_env
 from nkilib_msda.backends.protocol import (
     NEURON_DEVICE_TYPES, Capabilities, capability_reason, device_reason)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
@@ -40,7 +42,8 @@ from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 __all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
            "backward_unsupported_reason", "msda_forward",
            "msda_backward", "run_in_emulator", "call_forward_kernel", "call_backward_kernel",
-           "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "set_device_launcher",
+           "LNC_ENV_VAR", "LEGACY_SIM_LNC_ENV_VAR", "lnc_degree", "check_device_lnc",
+           "NEURONX_CC_DEFAULT_LNC", "set_device_launcher",
            "kernel_call", "forward_gather_method", "backward_gather_method",
            "block_attn_res_unsupported_reason", "block_attn_res_forward", "block_attn_res_backward"]
 
@@ -206,14 +209,47 @@ def run_in_emulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
     return call
 
 
+# neuronx-cc compiles a graph at LNC 2 on Trn2 and later unless --lnc says otherwise, while a
+# kernel without NEURON_LOGICAL_NC_CONFIG runs at LNC 1; a kernel whose degree differs from the
+# graph's is a compile error (NCC_EVRF066):
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/error-codes/EVRF066.html
+NEURONX_CC_DEFAULT_LNC = 2
+
+
+def check_device_lnc() -> int:
+    """The LNC degree of a device launch, after checking it equals the degree neuronx-cc
+    compiles the graph at (``NEURON_CC_FLAGS``' ``--lnc``, else its Trn2/Trn3 default 2).
+
+    Inside a kernel the compiler's degree cannot be read (``nl.num_programs()`` is the kernel's
+    own degree), and the Neuron compiler reports a mismatch only as NCC_EVRF066 at compile
+    time; this check says the same before the launch, naming both variables. Raises
+    EnvironmentVariableError (a ValueError)."""
+    kernel_degree = lnc_degree()
+    compiler_degree = read_env("NEURON_CC_FLAGS")
+    graph_degree = NEURONX_CC_DEFAULT_LNC if compiler_degree is None else compiler_degree
+    if kernel_degree != graph_degree:
+        kernel_source = ("set" if read_env(LNC_ENV_VAR) is not None
+                         else "unset, so NKI's default")
+        graph_source = ("from NEURON_CC_FLAGS" if compiler_degree is not None
+                        else "neuronx-cc's default on Trn2 and Trn3, NEURON_CC_FLAGS sets no --lnc")
+        raise EnvironmentVariableError(
+            f"{LNC_ENV_VAR}: expected the LNC degree the graph is compiled at, "
+            f"{graph_degree} ({graph_source}), got {kernel_degree} ({kernel_source}); set "
+            f"{LNC_ENV_VAR}={graph_degree}, or NEURON_CC_FLAGS=--lnc={kernel_degree} to compile "
+            f"at {kernel_degree} (NCC_EVRF066)")
+    return kernel_degree
+
+
 def _torch_neuronx_launcher(kernel: Any) -> Callable[..., Any]:
-    """Call the ``@nki.jit`` kernel on ``neuron`` tensors (torch-neuronx runs it)."""
+    """Call the ``@nki.jit`` kernel on ``neuron`` tensors (torch-neuronx runs it), after
+    :func:`check_device_lnc`."""
     try:
         import torch_neuronx  # type: ignore[import-not-found]  # noqa: F401 - registers the device
     except ImportError as exc:
         raise RuntimeError(
             "the nki backend got tensors on TorchNeuron's device but torch-neuronx cannot be "
             f"imported ({exc}); install torch-neuronx on a Trn2/Trn3 instance") from exc
+    check_device_lnc()
     return kernel
 
 

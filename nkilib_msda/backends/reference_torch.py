@@ -6,8 +6,10 @@ the conventions of docs/math.md exactly: ``loc[..., 0]`` is x along W, pixel x =
 grid_sample's padding rules, and exact derivatives (0 where a coordinate is clipped). A NaN
 coordinate (any non-finite one in reflection mode) contributes nothing and gets zero gradient.
 A corner outside the map contributes nothing to the output or to any gradient, even when the
-pixel its index was clamped to holds inf/NaN (its gathered value is masked, not multiplied by a
-zero weight); an in-map corner that reads inf/NaN propagates it.
+pixel its index was clamped to holds inf/NaN or its attention weight is infinite (its gathered
+value and coefficient are masked, not multiplied by a zero weight); an in-map corner that reads
+inf/NaN propagates it. Location and weight gradients use power-of-two scaled grad_output rows
+(:mod:`._grad_scale`), so grad_output near the float maximum overflows to the right infinity.
 
 The backward is analytic (gather + ``index_add_``): autograd is off inside custom-op
 implementations, so it may not rely on ``torch.autograd``. Coordinates and accumulation are
@@ -32,6 +34,7 @@ import torch
 
 from nkilib_msda.backends import _cpu_sampling
 from nkilib_msda.backends._bilinear import LevelTables, axis, level_tables
+from nkilib_msda.backends._grad_scale import row_scales
 from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
 from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, PADDING_MODES, MSDAProblem
 
@@ -200,7 +203,9 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
     value_rows = _value_rows(value, p, dtype)
     for qs in _query_chunks(p):
         terms = _terms(p, levels, u[:, qs], v[:, qs])
-        coef = terms.weights * attn[:, qs, ..., None]  # (B, q, H, Nl, P, 4)
+        # 0, not a * 0, outside the map: an infinite attention weight adds nothing there
+        coef = torch.where(terms.inside, terms.weights * attn[:, qs, ..., None],
+                           torch.zeros((), dtype=dtype, device=value.device))  # (B, q, H, Nl, P, 4)
         sampled = _gather(value_rows, terms)  # (B, q, H, Nl, P, 4, C)
         out[:, qs] = torch.einsum("bqhlpc,bqhlpcd->bqhd", coef, sampled)
     return out.reshape(p.output_shape).to(value.dtype)
@@ -250,15 +255,17 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
                 grad_value.index_add_(0, terms.rows.reshape(-1), contrib.reshape(-1, p.head_dim))
         if want_loc or want_attn:
             sampled = _gather(value_rows, terms)
-            dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g)  # <g, V[row_c]>
+            scale, unscale = row_scales(g)
+            unscale = unscale[..., None]  # (B, q, H, 1, 1)
+            dots = torch.einsum("bqhlpcd,bqhd->bqhlpc", sampled, g * scale)  # <g, V[row_c]> 2^-k
             # 0, not 0 * g, outside the map: an inf/NaN grad_output row of a query that reads
             # nothing leaves its own gradients at 0 (as in the NumPy reference).
             dots = torch.where(terms.inside, dots, torch.zeros((), dtype=dtype, device=dots.device))
             if want_attn:
-                grad_attn[:, qs] = (terms.weights * dots).sum(-1)
+                grad_attn[:, qs] = (terms.weights * dots).sum(-1) * unscale
             if want_loc:
-                grad_u[:, qs] = attn[:, qs] * (terms.d_du * dots).sum(-1)
-                grad_v[:, qs] = attn[:, qs] * (terms.d_dv * dots).sum(-1)
+                grad_u[:, qs] = attn[:, qs] * (terms.d_du * dots).sum(-1) * unscale
+                grad_v[:, qs] = attn[:, qs] * (terms.d_dv * dots).sum(-1) * unscale
     grad_loc = (_to_location_layout(grad_u, grad_v, p) if want_loc
                 else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
     return _rows_to_value_layout(grad_value, p), grad_loc, grad_attn

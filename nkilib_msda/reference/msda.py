@@ -7,8 +7,10 @@ Semantics are those of docs/math.md (and docs/api.md): ``loc[..., 0]`` is x alon
 exact derivatives of the forward. A NaN coordinate (or a non-finite one in reflection mode,
 whose reflection is undefined) contributes nothing and gets zero gradient; no coordinate can
 cause an out-of-range index. A corner outside the map contributes exactly nothing (to the
-output and every gradient) even when the pixel its index was clamped to holds inf or NaN;
-an in-map corner that reads inf/NaN still propagates it. NumPy floating-point warnings
+output and every gradient) even when the pixel its index was clamped to holds inf or NaN,
+or its attention weight is infinite (the weight is folded into each in-map corner's
+coefficient; docs/math.md, "Non-finite inputs"); an in-map corner that reads inf/NaN still
+propagates it. NumPy floating-point warnings
 never escape the public functions (also under ``np.seterr(all="raise")``).
 
 Everything is vectorized over samples; work is chunked over queries to bound memory.
@@ -300,7 +302,8 @@ def _forward(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_l
     out = np.empty((b, problem.num_queries, n_h, c_h))
     for queries in _query_chunks(problem):
         terms = _bilinear_terms(problem, locations[:, queries], with_derivatives=False)
-        coefficients = terms.weights * attention[:, queries, ..., None]
+        # 0, not a * 0, for a corner outside the map: an infinite attention weight adds nothing
+        coefficients = np.where(terms.valid, terms.weights * attention[:, queries, ..., None], 0.0)
         n_q = coefficients.shape[1]
         gathered = _gather_valid(value_rows, terms.rows.reshape(b * n_q * n_h, -1),
                                  terms.valid.reshape(b * n_q * n_h, -1))  # (M, K, C)

@@ -4,6 +4,9 @@ in test_torch_neuron.py on a stand-in device."""
 from __future__ import annotations
 
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -152,3 +155,27 @@ def test_nki_backend_accepts_exactly_what_the_kernel_planners_accept():
     assert "2^24" in reason(((4096, 4200),), 1)[0]
     forward, backward = reason(((2, 2),) * 40, 4)
     assert forward is None and "num_heads*num_levels" in backward
+
+
+@pytest.mark.parametrize("lnc,cc_flags,expected", [
+    ("2", "", 2), ("2", "--model-type=transformer", 2), ("1", "-O1 --lnc=1", 1),
+    ("1", "--logical-nc-config 1", 1), ("2", "--lnc 1 --lnc 2", 2),
+    ("", "", "expected the LNC degree the graph is compiled at, 2 .*default on Trn2.*got 1 "
+             r"\(unset"),
+    ("2", "-lnc=1", r"expected .* compiled at, 1 \(from NEURON_CC_FLAGS\), got 2 \(set\)"),
+    ("", "--lnc=1", 1)])
+def test_device_launch_checks_the_kernel_lnc_against_the_compile(monkeypatch, lnc, cc_flags,
+                                                                    expected):
+    """A device launch refuses a kernel LNC that differs from neuronx-cc's (NCC_EVRF066):
+    unset NEURON_LOGICAL_NC_CONFIG means LNC 1 for the kernel and 2 for the compiler on Trn2."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    monkeypatch.setenv("NEURON_CC_FLAGS", cc_flags)
+    monkeypatch.delenv("NKILIB_MSDA_SIM_LNC", raising=False)
+    if isinstance(expected, int):
+        assert nki_backend.check_device_lnc() == expected
+        return
+    with pytest.raises(ValueError, match=rf"^NEURON_LOGICAL_NC_CONFIG: {expected}"):
+        nki_backend.check_device_lnc()
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    with pytest.raises(ValueError, match="NCC_EVRF066"):  # the device launcher checks it
+        nki_backend._torch_neuronx_launcher(lambda *args: None)

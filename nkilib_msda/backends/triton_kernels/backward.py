@@ -48,6 +48,18 @@ def _corner_dots(value_base, rows, masks, g, chan, c_mask, ROW_STRIDE: tl.conste
 
 
 @triton.jit
+def _row_scales(g):
+    """(2^-k, 2^k) per row of g (BLOCK_Q, BLOCK_C): the power of two that brings the row's
+    largest |g| into [1, 4) (k = 0 below 2; k <= 126). The dots use 2^-k g and grad_loc / grad_attn are
+    multiplied by 2^k last, so g near the fp32 maximum overflows once, to the right infinity,
+    instead of inf - inf = NaN between corners (nkilib_msda.backends._grad_scale). Built from
+    the exponent bits E of max|g|: bits(2^-k) = clamp(0x7F000000 - E, 2^-126, 1)."""
+    exponent = tl.max(tl.abs(g), axis=1).to(tl.int32, bitcast=True) & 0x7F800000
+    down = tl.minimum(tl.maximum(0x7F000000 - exponent, 0x00800000), 0x3F800000)
+    return down.to(tl.float32, bitcast=True), (0x7F000000 - down).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _location_gradients(d, fx, fy):
     """(d out / d x-pixel, d out / d y-pixel) per unit weight from the corner dots ``d``."""
     gx = (1.0 - fy) * (d[1] - d[0]) + fy * (d[3] - d[2])
@@ -112,6 +124,9 @@ def msda_backward_kernel(
     g = tl.load(grad_out_ptr + (row * HEAD_DIM)[:, None] + ch[None, :],
                 mask=c_mask[None, :], other=0.0).to(tl.float32)
     g = tl.where(q_mask[:, None], g, 0.0)
+    if NEED_DOTS:
+        down, up = _row_scales(g)
+        g_dots = g * down[:, None]
 
     for level in tl.static_range(NUM_LEVELS):
         height, width, start = level_geometry(shapes_ptr, starts_ptr, level)
@@ -124,10 +139,10 @@ def msda_backward_kernel(
                 u, v, width, height, start, 1.0, True, ALIGN_CORNERS, BORDER, INDEX64, True)
 
             if NEED_DOTS:
-                d = _corner_dots(value_base, rows, masks, g, ch[None, :], c_mask[None, :],
+                d = _corner_dots(value_base, rows, masks, g_dots, ch[None, :], c_mask[None, :],
                                  ROW_STRIDE)
                 if COMPUTE_ATTN:
-                    ga = w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]
+                    ga = (w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]) * up
                     tl.store(grad_attn_ptr + sample + lp, ga.to(grad_attn_ptr.dtype.element_ty),
                              mask=q_mask)
                 if COMPUTE_LOC:
@@ -136,10 +151,10 @@ def msda_backward_kernel(
                         (tl.where(masks[0], d[0], 0.0), tl.where(masks[1], d[1], 0.0),
                          tl.where(masks[2], d[2], 0.0), tl.where(masks[3], d[3], 0.0)), fx, fy)
                     out_ty = grad_loc_ptr.dtype.element_ty
-                    tl.store(grad_loc_ptr + loc_offset + lp * LOC_STEP, (a * sx * gx).to(out_ty),
-                             mask=q_mask)
+                    tl.store(grad_loc_ptr + loc_offset + lp * LOC_STEP,
+                             (a * sx * gx * up).to(out_ty), mask=q_mask)
                     tl.store(grad_loc_ptr + loc_offset + y_offset + lp * LOC_STEP,
-                             (a * sy * gy).to(out_ty), mask=q_mask)
+                             (a * sy * gy * up).to(out_ty), mask=q_mask)
 
             if COMPUTE_VALUE:
                 for c in tl.static_range(4):
@@ -233,16 +248,19 @@ def msda_backward_samples_kernel(
     cm = c_mask[None, None, :]
 
     if NEED_DOTS:
-        d = _corner_dots(value_base, rows, masks, g3, chan, cm, ROW_STRIDE)
+        down, up = _row_scales(g)
+        up2 = up[:, None]
+        d = _corner_dots(value_base, rows, masks, (g * down[:, None])[:, None, :], chan, cm,
+                         ROW_STRIDE)
         if COMPUTE_ATTN:
-            ga = w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]
+            ga = (w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]) * up2
             tl.store(grad_attn_ptr + sample, ga.to(grad_attn_ptr.dtype.element_ty),
                      mask=store_mask)
         if COMPUTE_LOC:
             gx, gy = _location_gradients(d, fx, fy)
             out_ty = grad_loc_ptr.dtype.element_ty
-            tl.store(grad_loc_ptr + loc_x, (a * sx * gx).to(out_ty), mask=store_mask)
-            tl.store(grad_loc_ptr + loc_y, (a * sy * gy).to(out_ty), mask=store_mask)
+            tl.store(grad_loc_ptr + loc_x, (a * sx * gx * up2).to(out_ty), mask=store_mask)
+            tl.store(grad_loc_ptr + loc_y, (a * sy * gy * up2).to(out_ty), mask=store_mask)
 
     if COMPUTE_VALUE:
         for c in tl.static_range(4):

@@ -305,6 +305,7 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int,
             ("gaw", (f,), "float32"),
             ("gaw_out", (f,), value_dtype),
             ("gsl", (f, 2), "float32"),
+            ("grad_scale", (3,), "float32"),
         ]
         if tiled:
             tiles.append(("dot_part", (n_p, 4), "float32"))

@@ -60,6 +60,7 @@ class BackwardTiles:
     gaw_out: Any = None
     gsl: Any = None
     dot_part: Any = None       # (N_p, 4) fp32: one block's dots over one channel tile (C_t < C_h)
+    grad_scale: Any = None     # (3,) fp32: 2^-k, 2^k, running max|g| per partition (row scaling)
     transposed: Any = None
     psum: Any = None           # PSUM (psum_columns, min(C_t, 128)) in the value dtype
     # scatter (None unless grad_value is wanted)

@@ -48,6 +48,12 @@ from nkilib_msda.validation.msda import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
 
+# fp32 bit patterns of the grad_output row scaling (``_grad_scales``)
+_EXPONENT_BITS = 0x7F800000
+_TWO_POW_127_BITS = 0x7F000000
+_TWO_POW_MINUS_126_BITS = 0x00800000
+_ONE_BITS = 0x3F800000
+
 
 def _check_tensor(name: str, t, shape, dtype: str) -> None:
     if t == None:  # noqa: E711
@@ -287,6 +293,8 @@ class _BackwardKernel:
         nisa.dma_copy(dst=t.attn[0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
         channel_tiles = cfg.channel_tiles
         self._load_grad(b, q0, n, blocks, *channel_tiles[0])
+        if cfg.needs_gather:
+            self._grad_scales(b, q0, n, blocks)
         smp.sample_terms(cfg, t, n, f, cfg.needs_gather, self.want_gsl)
         scatter_terms = None
         for i, (c0, width) in enumerate(channel_tiles):
@@ -359,14 +367,54 @@ class _BackwardKernel:
                                       vector_offset=idx[j0:j1, col:col + 1])
                 nisa.dma_copy(dst=gathered[j0:j1, tc, 0:width], src=src)
 
+    def _grad_scales(self, b: int, q0: int, n: int, blocks: int) -> None:
+        """grad_scale[j] = (2^-k, 2^k): the power of two that brings partition j's largest
+        |grad_output| (over every channel tile) into [1, 4) (k = 0 below 2; k <= 126). The dots
+        use the scaled rows and the sample gradients are scaled back last, so grad_output near
+        the fp32 maximum overflows once, to the infinity of the right sign, instead of giving
+        inf - inf = NaN in the corner sum. Exact: a power-of-two scale only moves exponents.
+        Built from exponent bits: 2^-k has bits 0x7F000000 - E(max|g|), clamped to
+        [2^-126, 1]; 2^k has 0x7F000000 - bits(2^-k) (inf/NaN rows take 2^-126 and stay
+        inf/NaN). The bitvec op runs on int32 views; the int32 subtract / min / max are exact
+        even if the engine computes them in float32, as every value is a multiple of 2^23 below
+        2^31 (tensor_scalar: one op kind per instruction, bitvec ops on integer dtypes,
+        https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/generated/nki.isa.tensor_scalar.html).
+        Expects channel tile 0 in ``grad`` and leaves it there; with several channel tiles it
+        loads each in turn (column 2 keeps the running maximum) and tile 0 again at the end."""
+        t = self.t
+        scale = t.grad_scale[0:n, :]
+        bits = scale.view(nl.int32)
+        tiles = self.cfg.channel_tiles
+        for i, (c0, width) in enumerate(tiles):
+            if i:
+                self._load_grad(b, q0, n, blocks, c0, width)
+            grad = t.grad[0:n, 0:blocks, 0:width]
+            nisa.tensor_reduce(dst=scale[:, 0:1], op=nl.maximum, data=grad, axis=(1, 2))
+            nisa.tensor_reduce(dst=scale[:, 1:2], op=nl.minimum, data=grad, axis=(1, 2), negate=True)
+            if i == 0:
+                nisa.tensor_reduce(dst=scale[:, 2:3], op=nl.maximum, data=scale[:, 0:2], axis=1)
+            else:
+                nisa.tensor_reduce(dst=scale[:, 0:1], op=nl.maximum, data=scale[:, 0:2], axis=1)
+                nisa.tensor_tensor(dst=scale[:, 2:3], data1=scale[:, 2:3], data2=scale[:, 0:1],
+                                   op=nl.maximum)
+        if len(tiles) > 1:
+            self._load_grad(b, q0, n, blocks, *tiles[0])
+        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 2:3], op0=nl.bitwise_and, operand0=_EXPONENT_BITS)
+        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.subtract, operand0=_TWO_POW_127_BITS,
+                           reverse0=True, op1=nl.maximum, operand1=_TWO_POW_MINUS_126_BITS)
+        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.minimum, operand0=_ONE_BITS)
+        nisa.tensor_scalar(dst=bits[:, 1:2], data=bits[:, 0:1], op0=nl.subtract, operand0=_TWO_POW_127_BITS,
+                           reverse0=True)
+
     def _gather_and_dots(self, b: int, n: int, blocks: int, c0: int, width: int, first: bool) -> None:
-        """Per-corner dot products <grad_output row, value row> over channels [c0, c0 + width),
-        in fp32: written by the first channel tile, added by the others (into ``dc``, or into
-        ``prod4`` per pair slot)."""
+        """Per-corner dot products <grad_output row * 2^-k(j), value row> over channels
+        [c0, c0 + width), in fp32 (k from :meth:`_grad_scales`): written by the first channel
+        tile, added by the others (into ``dc``, or into ``prod4`` per pair slot)."""
         cfg, p, t = self.cfg, self.p, self.t
         f = blocks * p.num_points
         cols = cfg.columns_per_block
         dots = t.prod4 if cfg.gather_pairs else t.dc
+        row_scale = t.grad_scale[0:n, 0:1]
         if first:
             if cfg.gather_pairs:
                 nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
@@ -376,7 +424,8 @@ class _BackwardKernel:
             self._gather_block(b, n, blk, c0, width)
             work = t.work[0:n, :, 0:width]
             g = t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, cols)
-            nisa.tensor_tensor(dst=work, data1=t.gathered[0:n, :, 0:width], data2=g, op=nl.multiply)
+            nisa.scalar_tensor_tensor(dst=work, data=g, op0=nl.multiply, operand0=row_scale,
+                                      op1=nl.multiply, operand1=t.gathered[0:n, :, 0:width])
             dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
             part = dst if first else t.dot_part[0:n, :, :]
             nisa.tensor_reduce(dst=part, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
@@ -407,10 +456,12 @@ class _BackwardKernel:
         rpb = cfg.partitions_per_block
         dc = t.dc[0:n, 0:f, :]
         prod = t.prod4[0:n, 0:f, :]
+        unscale = t.grad_scale[0:n, 1:2]  # 2^k: last, after every finite factor
         if self.want_gaw:
             gaw = t.gaw[0:n, 0:f]
             nisa.tensor_tensor(dst=prod, data1=t.weights[0:n, 0:f, :], data2=dc, op=nl.multiply)
             nisa.tensor_reduce(dst=gaw, op=nl.add, data=prod, axis=2)
+            nisa.tensor_scalar(dst=gaw, data=gaw, op0=nl.multiply, operand0=unscale)
             out2d = self.gaw_out.reshape((p.batch * p.num_queries * cfg.groups, p.num_points))
             src = gaw
             if str(self.vdt) != str(nl.float32):
@@ -425,6 +476,7 @@ class _BackwardKernel:
                 nisa.tensor_reduce(dst=tmp[:, axis, :], op=nl.add, data=prod, axis=2)
                 nisa.tensor_tensor(dst=gsl[:, :, axis], data1=tmp[:, axis, :],
                                    data2=t.scale_a[0:n, axis, 0:f], op=nl.multiply)
+            nisa.tensor_scalar(dst=gsl, data=gsl, op0=nl.multiply, operand0=unscale)
             rows = p.batch * p.num_queries * cfg.groups
             if p.sampling_locations_layout == "BQHLP2":
                 out2d = self.gsl_out.reshape((rows, p.num_points * 2))
@@ -449,23 +501,24 @@ class _BackwardKernel:
         kscale = t.kscale_f[0:n, 0:1]
         sidx = t.sidx
         if cfg.scatter_pairs:
-            # slot coefficients of the pair: S1 = sum_b sel_b*coef_ab, S0 = sum_b (1 - sel_b)*coef_ab
-            # (not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
+            # an invalid corner's coef is a * 0 (NaN for an infinite a): zero it bitwise before
+            # it is mixed into the pair slots below
+            crd.mask_bits(coef, coef, t.vbits[0:n, 0:f, :])
+            # slot coefficients of the pair: S_s = sum_b coef_ab where corner b sits in slot s,
+            # selected bitwise (not sel_b * coef_ab: 0 * inf would be NaN for an infinite
+            # weight; not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
             c4 = coef.reshape_dim(2, (2, 2))
             tmp = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            sel = t.pair_sel[0:n, 0:f, :].expand_dim(2).broadcast(2, 2)
             pc = t.pair_coef[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            nisa.tensor_tensor(dst=tmp, data1=c4, data2=sel, op=nl.multiply)
-            nisa.tensor_reduce(dst=pc[:, :, :, 1], op=nl.add, data=tmp, axis=3)
-            nisa.scalar_tensor_tensor(dst=tmp, data=sel, op0=nl.subtract, operand0=1.0, reverse0=True,
-                                      op1=nl.multiply, operand1=c4)
-            nisa.tensor_reduce(dst=pc[:, :, :, 0], op=nl.add, data=tmp, axis=3)
+            masks = t.pair_masks[0:n, :, 0:f, :]
+            for slot in range(2):
+                crd.mask_bits(tmp, c4, masks[:, slot].expand_dim(2).broadcast(2, 2))
+                nisa.tensor_reduce(dst=pc[:, :, :, slot], op=nl.add, data=tmp, axis=3)
             coef = t.pair_coef[0:n, 0:f, :]
             # pair slot (a, s) is written by some valid corner: OR_b (in slot s)_b & valid_ab
             vb = t.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2))
             tmp_i = tmp.view(nl.int32)
             pb = t.pair_bits[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            masks = t.pair_masks[0:n, :, 0:f, :]
             for slot in range(2):
                 nisa.tensor_tensor(dst=tmp_i, data1=masks[:, slot].expand_dim(2).broadcast(2, 2), data2=vb,
                                    op=nl.bitwise_and)

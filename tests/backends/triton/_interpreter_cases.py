@@ -19,6 +19,7 @@ import torch  # noqa: E402
 
 from benchmarks.check_gpu import (  # noqa: E402
     NONFINITE_SHAPES, border_pixels, make_inputs, nonfinite_value_inputs)
+from benchmarks.edge_numerics import check_edge_numerics  # noqa: E402
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref  # noqa: E402
 from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
@@ -228,6 +229,15 @@ def case_nonfinite_values_outside_map():
                 for got, ref in zip([out, *grads], want)]
     propagates = not np.isfinite(want[0]).all()
     return errors, all(patterns) and propagates
+
+
+def case_edge_numerics():
+    """Infinite attention weights and grad_output near the float32 maximum: the documented
+    answer (benchmarks/edge_numerics.py) through the public function on CPU tensors."""
+    problems = check_edge_numerics("triton", "cpu")
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return [0.0] * 4, True
 
 
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}

@@ -18,15 +18,16 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _load_check_gpu():
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "check_gpu.py"
-    spec = importlib.util.spec_from_file_location("nkilib_check_gpu", path)
+def _load_benchmark(name):
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"nkilib_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-check_gpu = _load_check_gpu()
+check_gpu = _load_benchmark("check_gpu")
+edge_numerics = _load_benchmark("edge_numerics")
 CASES = list(check_gpu.cases())
 
 
@@ -41,6 +42,12 @@ def test_check_gpu_case(index):
 def test_nonfinite_coordinates():
     name, _, errors, ok = check_gpu.check_nonfinite()
     assert ok, f"{name}: {errors}"
+
+
+def test_edge_numerics():
+    """Infinite attention weights; grad_output near the float32 maximum (docs/math.md)."""
+    problems = edge_numerics.check_edge_numerics("triton", "cuda")
+    assert not problems, "; ".join(problems)
 
 
 @pytest.mark.slow

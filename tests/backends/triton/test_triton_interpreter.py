@@ -36,6 +36,7 @@ CASE_NAMES = [
     "points_backward_fast_mode",
     "nonfinite_coordinates",
     "nonfinite_values_outside_map",
+    "edge_numerics",
 ]
 
 
