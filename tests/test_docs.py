@@ -521,6 +521,7 @@ SIGNATURE_CHECKED = {
     "MultiScaleDeformableAttnFunction", "MultiScaleDeformableAttention", "hook_transformers_layers",
     "bucket_grid", "select_bucket", "pad_to_bucket", "level_masks", "get_valid_ratio",
     "valid_ratios", "flatten_level_masks", "encoder_reference_points",
+    "multi_scale_deformable_attention_v2",
 }
 
 
