@@ -28,7 +28,8 @@ from nkilib_msda.backends import (
 from nkilib_msda.backends.protocol import NEURON_DEVICE_TYPES
 from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "requested_backend",
+__all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "backend_argument",
+           "requested_backend",
            "device_default_backend", "select_backend", "select_block_attn_res_backend",
            "backward_backend"]
 
@@ -56,13 +57,8 @@ def requested_backend(backend: str | None, device: torch.device,
     ``NKILIB_MSDA_BACKEND`` naming a backend outside ``names`` (e.g. "triton" for Block
     AttnRes) selects by device instead."""
     names = BACKEND_NAMES if names is None else names
-    if backend is not None:  # the package's one rule for words: any case
-        try:
-            backend = match_word("backend", backend, (AUTO, *names))
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"backend: expected None or one of {[AUTO, *names]}, "
-                            f"got {backend!r}") from None
-    if backend is not None and backend != AUTO:
+    backend = backend_argument(backend, names)
+    if backend != AUTO:
         return BackendChoice(backend, "argument")
     env = read_env(ENV_VAR)
     if env and env != AUTO:
@@ -70,6 +66,23 @@ def requested_backend(backend: str | None, device: torch.device,
             return BackendChoice(env, ENV_VAR)
     default = device_default_backend(device)
     return BackendChoice(default if default in names else FALLBACK_BACKEND, "device")
+
+
+def backend_argument(backend: str | None, names: tuple[str, ...] | None = None) -> str:
+    """The ``backend=`` argument in the operators' form: "auto" for the automatic choice
+    (None or "auto", any case), else the backend's name; raises for any other value.
+
+    Only the argument is resolved: "auto" is resolved (environment variable, device) when an
+    operator runs, so a traced or exported graph records "auto", not the exporting machine's
+    backend."""
+    names = BACKEND_NAMES if names is None else names
+    if backend is None:
+        return AUTO
+    try:  # the package's one rule for words: any case
+        return match_word("backend", backend, (AUTO, *names))
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"backend: expected None or one of {[AUTO, *names]}, "
+                        f"got {backend!r}") from None
 
 
 def device_default_backend(device: torch.device) -> str:

@@ -201,8 +201,10 @@ def _empty_sizes(value: Any, sampling_locations: Any, attention_weights: Any,
     if grad_output is not None and (not isinstance(grad_output, Tensor) or grad_output.dim() != 3):
         return None
     loc_b, loc_q = _LOC_DIMS[sampling_locations_layout]
-    batch = int(value.shape[0])
-    queries = int(sampling_locations.shape[loc_q])
+    # Symbolic sizes (dynamic-shape tracing) stay symbolic; the shape environment answers these
+    # tests without pinning B or N_q to the example's values (0 and 1 are specialized anyway).
+    batch = value.shape[0]
+    queries = sampling_locations.shape[loc_q]
     if batch != 0 and queries != 0:
         return None
     checks = [("sampling_locations", sampling_locations, loc_b, loc_q),
@@ -210,10 +212,10 @@ def _empty_sizes(value: Any, sampling_locations: Any, attention_weights: Any,
     if grad_output is not None:
         checks.append(("grad_output", grad_output, 0, 1))
     for name, t, b_dim, q_dim in checks:
-        if int(t.shape[b_dim]) != batch:
+        if t.shape[b_dim] != batch:
             raise ValueError(f"{name}: expected batch B={batch} (value's) at dim {b_dim}, got "
                              f"shape {tuple(t.shape)}")
-        if int(t.shape[q_dim]) != queries:
+        if t.shape[q_dim] != queries:
             raise ValueError(f"{name}: expected N_q={queries} (sampling_locations') at dim "
                              f"{q_dim}, got shape {tuple(t.shape)}")
     return batch, queries

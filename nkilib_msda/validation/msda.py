@@ -98,10 +98,19 @@ def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> tuple[int,
         raise TypeError(
             f"{name}: expected a float dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
             f"got dtype {dtype_name(x.dtype)}")
-    shape = tuple(int(s) for s in x.shape)
+    shape = tuple(_dim(s) for s in x.shape)
     if isinstance(ndim, int) and len(shape) != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d tensor, got shape {shape}")
     return shape
+
+
+def _dim(size: Any) -> Any:
+    """A dimension as a Python int, except a symbolic one (torch's ``SymInt`` while tracing with
+    dynamic shapes), which stays symbolic: ``int()`` would specialize the traced graph to the
+    example's size. The checks below only compare sizes, which works on both."""
+    if isinstance(size, int) or not hasattr(size, "node"):
+        return int(size)
+    return size
 
 
 def _to_python(x: Any) -> Any:
