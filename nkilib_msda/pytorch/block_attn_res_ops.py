@@ -35,7 +35,7 @@ from nkilib_msda.pytorch._registration import CallHandoff, register_operator
 from nkilib_msda.validation.block_attn_res import (
     KERNEL_DTYPES, BlockAttnResProblem, validate_block_attn_res_args,
     validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
-from nkilib_msda.pytorch.dispatch import AUTO, select_block_attn_res_backend
+from nkilib_msda.pytorch.dispatch import AUTO, backend_argument, select_block_attn_res_backend
 
 __all__ = ["block_attn_res", "block_attn_res_backward", "BACKENDS", "select_backend",
            "BlockAttnResCall"]
@@ -69,6 +69,9 @@ class BlockAttnResCall:
     scale: float
     rmsnorm_eps: float
     enable_rmsnorm: bool
+    # The backend argument for the operators: "auto" for the automatic choice, resolved where
+    # an operator runs (a traced or exported graph does not carry this machine's choice).
+    op_backend: str = AUTO
 
     def forward(self, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,8 +94,10 @@ class BlockAttnResCall:
 def _bind(problem: BlockAttnResProblem, backend: str | None, device: torch.device,
           dtype: torch.dtype, scale: float, rmsnorm_eps: float, enable_rmsnorm: bool
           ) -> BlockAttnResCall:
-    name = select_backend(None if backend == AUTO else backend, device, dtype)
-    return BlockAttnResCall(problem, name, float(scale), float(rmsnorm_eps), bool(enable_rmsnorm))
+    argument = backend_argument(backend, BACKENDS)
+    name = select_backend(None if argument == AUTO else argument, device, dtype)
+    return BlockAttnResCall(problem, name, float(scale), float(rmsnorm_eps), bool(enable_rmsnorm),
+                            argument)
 
 
 # ---------------------------------------------------------------- registered ops
@@ -146,7 +151,7 @@ def block_attn_res_input_gradients(ctx: Any, grad_h: Tensor
     else:
         grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
             grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None,
-            call.scale, rms_on, call.backend)
+            call.scale, rms_on, call.op_backend)
     if rmsnorm_gamma is None:
         return grad_values, grad_w, None
     if not rms_on:
@@ -230,7 +235,7 @@ def _run_forward(call: BlockAttnResCall, values: Tensor, proj_weight: Tensor,
         with profiler_range(FORWARD_NAME):
             return call.forward(values, proj_weight, rmsnorm_gamma)
     return block_attn_res_op(values, proj_weight, rmsnorm_gamma, call.scale, call.rmsnorm_eps,
-                             call.enable_rmsnorm, call.backend)
+                             call.enable_rmsnorm, call.op_backend)
 
 
 # ---------------------------------------------------------------- public functions
@@ -282,7 +287,7 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
                 grad_values, grad_w, grad_gamma = call.backward(*args)
         else:
             grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
-                *args, call.scale, call.enable_rmsnorm, call.backend)
+                *args, call.scale, call.enable_rmsnorm, call.op_backend)
     n_blocks = len(blocks)
     grad_blocks = list(grad_values[:n_blocks].unbind(0))
     grad_partial = grad_values[n_blocks] if partial_block is not None else None

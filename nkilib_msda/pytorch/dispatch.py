@@ -89,6 +89,8 @@ def device_default_backend(device: torch.device) -> str:
     """The first backend declaring itself the default for ``device``'s type, else the
     fallback ('triton' for CUDA, 'nki' for TorchNeuron's device, otherwise 'reference')."""
     key = (device.type, BACKEND_NAMES)
+    if torch.compiler.is_compiling():  # no guard on a memo that eager calls may fill later
+        return _first_declaring_default(device.type)
     name = _DEVICE_DEFAULTS.get(key)
     if name is None:
         name = _DEVICE_DEFAULTS[key] = _first_declaring_default(device.type)
