@@ -108,10 +108,21 @@ def spatial_shapes_tuple(spatial_shapes: Any, name: str = "spatial_shapes"
     return normalize_spatial_shapes(spatial_shapes)
 
 
-def _starts_key(level_start_index: Any) -> tuple[int, ...] | str | None:
+def _starts_key(level_start_index: Any, shapes: tuple[tuple[int, ...], ...]
+                ) -> tuple[int, ...] | str | None:
+    """"derived" for None and for the starts None derives (so the operators' explicit starts
+    hit the entry the functional API's None made), else the starts; None when not plain ints."""
     if level_start_index is None:
         return "derived"
-    return _int_list(_python_form(level_start_index))
+    starts = _int_list(_python_form(level_start_index))
+    if starts is not None and len(starts) == len(shapes):
+        total = 0
+        for start, (h, w) in zip(starts, shapes):
+            if start != total:
+                return starts
+            total += h * w
+        return "derived"
+    return starts
 
 
 def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
@@ -133,7 +144,7 @@ def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
     shapes = _shapes_key(spatial_shapes)
     if shapes is None:
         return None
-    starts = _starts_key(level_start_index)
+    starts = _starts_key(level_start_index, shapes)
     if starts is None:
         return None
     return (shapes, starts, value.shape, value.dtype, sampling_locations.shape,

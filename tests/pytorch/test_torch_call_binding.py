@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import nkilib_msda
 from nkilib_msda.backends import nki_backend
@@ -63,6 +64,29 @@ def test_msda_forward_backward_validates_once_and_selects_once(path, msda_counts
     # A second call with the same static facts binds from the cache: no new validation.
     path(*leaves)
     assert msda_counts["validate"] == 1
+
+
+class _PassThroughMode(TorchFunctionMode):
+    """Any TorchFunctionMode sends the functional API through the registered operators."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", _msda_paths()[:2] + _msda_paths()[3:],
+                         ids=lambda f: f.__name__)
+def test_dispatcher_path_forward_backward_validates_once_and_selects_once(path, msda_counts):
+    """Through the dispatcher the functional API only checks the arguments and the operator
+    binds (one selection); the backward operator re-uses the forward's call."""
+    inputs = make_inputs(seed=46)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors()]
+    with _PassThroughMode():
+        out = path(*leaves)
+        assert msda_counts == {"validate": 1, "select": 1}
+        grads = torch.autograd.grad(out, leaves, inputs.grad_output)
+    assert msda_counts == {"validate": 1, "select": 1}
+    for got, want in zip(grads, _reference_grads(leaves, inputs.grad_output)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
 def test_msdeformattn_module_forward_backward_validates_once_and_selects_once(msda_counts):

@@ -12,10 +12,12 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 
 
-def _python(*args: str) -> subprocess.CompletedProcess:
+def _python(*args: str, backend: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(_HERE.parents[1]), env.get("PYTHONPATH", "")])
     env.pop("NKILIB_MSDA_BACKEND", None)
+    if backend is not None:
+        env["NKILIB_MSDA_BACKEND"] = backend
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -38,3 +40,13 @@ def test_import_nkilib_msda_alone_does_not_import_torch():
     result = _python("-c", "import sys, nkilib_msda; assert 'torch' not in sys.modules; "
                            "import torch; torch.ops.nkilib_msda.block_attn_res; print('ok')")
     assert result.stdout.strip() == "ok", result.stderr[-4000:]
+
+
+def test_exported_program_selects_the_backend_where_it_runs(tmp_path):
+    """Exported on CPU with the automatic choice (the reference backend there), the program
+    records "auto", so a process with NKILIB_MSDA_BACKEND=nki runs the nki kernels (counted in
+    the backend module, outputs within the float32 tolerance of the exporting run's)."""
+    saved = _python(str(_HERE / "_export_roundtrip.py"), "save", str(tmp_path))
+    assert "PASSED save" in saved.stdout, saved.stdout + saved.stderr[-4000:]
+    ran = _python(str(_HERE / "_export_roundtrip.py"), "load-nki", str(tmp_path), backend="nki")
+    assert "PASSED load-nki" in ran.stdout, ran.stdout + ran.stderr[-4000:]
