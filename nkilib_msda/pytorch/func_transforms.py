@@ -35,10 +35,10 @@ def _merged(t: Tensor, dim: int | None, size: int) -> Tensor:
 
 def _batched_call(op: Any, positions: tuple[int, ...], info: Any, in_dims: tuple,
                   args: tuple) -> Any:
-    args = list(args)
+    merged = list(args)
     for i in positions:
-        args[i] = _merged(args[i], in_dims[i], info.batch_size)
-    return op(*args)
+        merged[i] = _merged(args[i], in_dims[i], info.batch_size)
+    return op(*merged)
 
 
 def _split(t: Tensor, size: int) -> Tensor:
