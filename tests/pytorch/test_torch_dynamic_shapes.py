@@ -102,44 +102,40 @@ def _compiled_grads(fn, tensors):
     return out, torch.autograd.grad((out * weights).sum(), leaves)
 
 
+def _assert_compiles_once_with_gradients(module, make, sizes):
+    """torch.compile(dynamic=True, fullgraph=True) of ``module`` on ``make(*size)`` for each
+    size: outputs and gradients equal eager's, and no new graph after the first size (dynamo
+    may restart its first analysis once to specialize float arguments, which the counter sees
+    as a second compile of the same frame)."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend=counter)
+    graphs = []
+    for size in sizes:
+        tensors = make(*size)
+        out, grads = _compiled_grads(compiled, tensors)
+        graphs.append(counter.frame_count)
+        want_out, want_grads = _compiled_grads(module, tensors)
+        torch.testing.assert_close(out, want_out)
+        for got, want in zip(grads, want_grads):
+            torch.testing.assert_close(got, want)
+    assert graphs[0] >= 1 and graphs == graphs[:1] * len(sizes)
+
+
 @pytest.mark.parametrize("model, make", [(Functional, _msda_tensors),
                                          (DeformableDetr, _module_tensors)],
                          ids=["functional", "msdeformattn"])
 def test_compile_dynamic_with_gradients_compiles_once(model, make):
-    torch._dynamo.reset()
-    module = model()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend=counter)
-    graphs = []
-    for batch, queries in ((3, 7), (4, 9), (6, 13)):
-        tensors = make(batch, queries, seed=batch)
-        out, grads = _compiled_grads(compiled, tensors)
-        graphs.append(counter.frame_count)
-        want_out, want_grads = _compiled_grads(module, tensors)
-        torch.testing.assert_close(out, want_out)
-        for got, want in zip(grads, want_grads):
-            torch.testing.assert_close(got, want)
-    assert graphs[0] >= 1 and graphs == graphs[:1] * 3  # no recompilation for new sizes
+    _assert_compiles_once_with_gradients(
+        model(), lambda batch, queries: make(batch, queries, seed=batch), ((3, 7), (4, 9), (6, 13)))
 
 
 def test_block_attn_res_compile_dynamic_with_gradients_compiles_once():
-    torch._dynamo.reset()
-    module = BlockAttnRes()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend=counter)
     g = torch.Generator().manual_seed(2)
-    graphs = []
-    for batch, tokens in ((4, 5), (5, 7), (7, 11)):
-        tensors = (torch.randn(3, batch, tokens, 8, generator=g), torch.randn(8, generator=g))
-        out, grads = _compiled_grads(compiled, tensors)
-        graphs.append(counter.frame_count)
-        want_out, want_grads = _compiled_grads(module, tensors)
-        torch.testing.assert_close(out, want_out)
-        for got, want in zip(grads, want_grads):
-            torch.testing.assert_close(got, want)
-    # One graph for every size (dynamo may restart its first analysis once to specialize the
-    # float arguments, which counts as a second compile of the same frame).
-    assert graphs[0] >= 1 and graphs == graphs[:1] * 3
+    _assert_compiles_once_with_gradients(
+        BlockAttnRes(), lambda batch, tokens: (torch.randn(3, batch, tokens, 8, generator=g),
+                                               torch.randn(8, generator=g)),
+        ((4, 5), (5, 7), (7, 11)))
 
 
 # ------------------------------------------------ Deformable-DETR's tensor spatial shapes
