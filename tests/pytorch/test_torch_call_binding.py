@@ -6,6 +6,8 @@ operators' (or the float64 reference's), so a path that skipped work would fail 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -210,17 +212,19 @@ def _bar_inputs(seed):
     return blocks, partial, w, gamma, grad_h
 
 
-@pytest.mark.parametrize("path", ["functional", "operator"])
+@pytest.mark.parametrize("path", ["functional", "operator", "functional_dispatcher"])
 def test_block_attn_res_forward_backward_validates_once_and_selects_once(path, bar_counts):
+    """functional_dispatcher: under a TorchFunctionMode, through both operators."""
     blocks, partial, w, gamma, grad_h = _bar_inputs(47)
     leaves = [t.clone().requires_grad_() for t in (*blocks, partial, w, gamma)]
-    if path == "functional":
-        h = bar.block_attn_res(leaves[:3], leaves[4], leaves[3], 0.7, 1e-6, leaves[5])
-    else:
-        values = torch.stack(leaves[:4])
-        h, _, _ = torch.ops.nkilib_msda.block_attn_res(values, leaves[4], leaves[5], 0.7, 1e-6,
-                                                       True, "auto")
-    grads = torch.autograd.grad(h, leaves, grad_h)
+    with _PassThroughMode() if path == "functional_dispatcher" else contextlib.nullcontext():
+        if path == "operator":
+            values = torch.stack(leaves[:4])
+            h, _, _ = torch.ops.nkilib_msda.block_attn_res(values, leaves[4], leaves[5], 0.7,
+                                                           1e-6, True, "auto")
+        else:
+            h = bar.block_attn_res(leaves[:3], leaves[4], leaves[3], 0.7, 1e-6, leaves[5])
+        grads = torch.autograd.grad(h, leaves, grad_h)
     assert bar_counts == {"validate": 1, "select": 1}
     want_blocks, want_partial, want_w, want_gamma = block_attn_res_backward_ref(
         grad_h.numpy(), [b.numpy() for b in blocks], w.numpy(), partial.numpy(), gamma.numpy(),
