@@ -304,6 +304,7 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
             with profiler_range(BACKWARD_NAME):
                 grad_values, grad_w, grad_gamma = call.backward(*args)
         else:
+            _BACKWARD_HANDOFF.put(args[:4], call)
             grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
                 *args, call.scale, call.enable_rmsnorm, call.op_backend)
     n_blocks = len(blocks)

@@ -233,11 +233,13 @@ def test_block_attn_res_forward_backward_validates_once_and_selects_once(path, b
         torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
 
 
-def test_block_attn_res_backward_function_validates_once_and_selects_once(bar_counts):
+@pytest.mark.parametrize("dispatcher", [False, True], ids=["eager", "dispatcher"])
+def test_block_attn_res_backward_function_validates_once_and_selects_once(dispatcher, bar_counts):
     blocks, partial, w, gamma, grad_h = _bar_inputs(48)
     _, rms, alpha = bar.block_attn_res(blocks, w, partial, 0.7, 1e-6, gamma, True, True, True)
     bar_counts.update(validate=0, select=0)
-    out = bar.block_attn_res_backward(grad_h, blocks, w, alpha, partial, gamma, rms, 0.7)
+    with _PassThroughMode() if dispatcher else contextlib.nullcontext():
+        out = bar.block_attn_res_backward(grad_h, blocks, w, alpha, partial, gamma, rms, 0.7)
     assert bar_counts == {"validate": 1, "select": 1}
     want = block_attn_res_backward_ref(grad_h.numpy(), [b.numpy() for b in blocks], w.numpy(),
                                        partial.numpy(), gamma.numpy(), 0.7, 1e-6)
