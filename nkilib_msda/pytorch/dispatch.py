@@ -30,7 +30,7 @@ from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "backend_argument",
            "requested_backend",
-           "device_default_backend", "select_backend", "select_block_attn_res_backend",
+           "device_default_backend", "select_backend", "has_symbolic_sizes", "select_block_attn_res_backend",
            "backward_backend"]
 
 ENV_VAR = "NKILIB_MSDA_BACKEND"
@@ -123,10 +123,21 @@ def _why_not(name: str, problem: MSDAProblem, value: torch.Tensor,
     # while compiling, an unavailable backend fails in the operator instead.
     if not torch.compiler.is_compiling() and not module.is_available():
         return f"backend {name!r} is not available in this environment", True
+    if has_symbolic_sizes(problem):
+        return None, False  # the operator checks the real sizes when it runs
     reason = module.unsupported_reason(problem, value, sampling_locations)
     if reason is None and needs_backward:
         reason = module.backward_unsupported_reason(problem, value, sampling_locations)
     return reason, False
+
+
+def has_symbolic_sizes(problem: MSDAProblem) -> bool:
+    """Whether the problem was traced with symbolic sizes (torch.compile(dynamic=True),
+    torch.export with Dims). The backends' limits (planners) need real sizes; a traced graph
+    selects, and so checks them, when the operator runs."""
+    return not all(type(d) is int for d in (problem.batch, problem.num_queries,
+                                             problem.num_heads, problem.head_dim,
+                                             problem.num_points))
 
 
 def _resolve(choice: BackendChoice, reason: str | None, unavailable: bool) -> str:
@@ -156,6 +167,8 @@ def backward_backend(name: str, backend: str | None, problem: MSDAProblem, value
     :func:`select_backend` chose from the request ``backend`` with the forward's limits only:
     ``name`` when its backward can run the call; otherwise, like :func:`select_backend`, an
     error for an explicit request and the fallback for an automatic one."""
+    if has_symbolic_sizes(problem):
+        return name
     reason = get_backend(name).backward_unsupported_reason(problem, value, sampling_locations)
     if reason is None:
         return name

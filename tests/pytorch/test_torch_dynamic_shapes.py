@@ -138,6 +138,38 @@ def test_block_attn_res_compile_dynamic_with_gradients_compiles_once():
         ((4, 5), (5, 7), (7, 11)))
 
 
+def test_compile_dynamic_selects_nki_from_the_environment_at_run_time(monkeypatch):
+    """With NKILIB_MSDA_BACKEND=nki the traced problem has symbolic B and N_q, which the nki
+    planner cannot take: the choice and its limits are checked when the operators run, with
+    real sizes (the nki backend's calls are counted; results within the float32 tolerance)."""
+    from nkilib_msda.backends import nki_backend
+    from nkilib_msda.workloads import compare, tolerance
+
+    calls = []
+    for name in ("msda_forward", "msda_backward"):
+        def counting(*args, _name=name, _real=getattr(nki_backend, name), **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(nki_backend, name, counting)
+    monkeypatch.setenv("NKILIB_MSDA_BACKEND", "nki")
+    torch._dynamo.reset()
+    module = Functional()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, dynamic=True, fullgraph=True, backend=counter)
+    for batch, queries in ((3, 5), (4, 7)):
+        tensors = _msda_tensors(batch, queries, seed=batch)
+        out, grads = _compiled_grads(compiled, tensors)
+        want_out, want_grads = _compiled_grads(
+            lambda v, l, a: nkilib_msda.multi_scale_deformable_attention(
+                v, SHAPES, None, l, a, backend="reference"), tensors)
+        for name, got, want in zip(("output", "grad_value", "grad_sampling_locations",
+                                    "grad_attention_weights"), (out, *grads), (want_out, *want_grads)):
+            result = compare(name, got, want, tolerance(name, "float32"))
+            assert result.ok, result.row()
+    assert calls == ["msda_forward", "msda_backward"] * 2 and counter.frame_count == 1
+
+
 # ------------------------------------------------ Deformable-DETR's tensor spatial shapes
 
 
