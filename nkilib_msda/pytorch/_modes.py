@@ -12,7 +12,8 @@ from typing import ContextManager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["can_skip_dispatcher", "profiler_range", "autocast_disabled", "FAST_PATH_DEVICES"]
+__all__ = ["can_skip_dispatcher", "in_functorch_transform", "profiler_range", "autocast_disabled",
+           "FAST_PATH_DEVICES"]
 
 # Device types whose eager calls may skip the dispatcher; any other (TorchNeuron's
 # PrivateUse1, meta) always meets the registered operators' kernels.
@@ -33,12 +34,22 @@ def can_skip_dispatcher(*tensors: Tensor) -> bool:
         return False
     if _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled():
         return False
-    if _C._functorch.peek_interpreter_stack() is not None:
+    if in_functorch_transform():
         return False
     for t in tensors:
         if type(t) not in _PLAIN_TENSOR_TYPES or t.is_meta:
             return False
     return True
+
+
+def in_functorch_transform() -> bool:
+    """Inside a ``torch.func`` transform (grad, vjp, jacrev, vmap, ...) in eager mode.
+
+    Always False while torch.compile traces: dynamo reports an interpreter there whether or not
+    the user's code is transformed, and its graphs use the operators' registered autograd."""
+    if torch.compiler.is_compiling():
+        return False
+    return _C._functorch.peek_interpreter_stack() is not None
 
 
 def profiler_range(name: str) -> ContextManager:

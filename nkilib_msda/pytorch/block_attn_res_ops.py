@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -35,7 +35,7 @@ from nkilib_msda.pytorch._registration import CallHandoff, register_operator
 from nkilib_msda.validation.block_attn_res import (
     KERNEL_DTYPES, BlockAttnResProblem, validate_block_attn_res_args,
     validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
-from nkilib_msda.pytorch.dispatch import AUTO, select_block_attn_res_backend
+from nkilib_msda.pytorch.dispatch import AUTO, backend_argument, select_block_attn_res_backend
 
 __all__ = ["block_attn_res", "block_attn_res_backward", "BACKENDS", "select_backend",
            "BlockAttnResCall"]
@@ -44,6 +44,12 @@ BACKENDS = block_attn_res_backends()  # from the backends' declared capabilities
 _ALL_DTYPES = (*KERNEL_DTYPES, "float64")
 FORWARD_NAME = "nkilib_msda::block_attn_res"
 BACKWARD_NAME = "nkilib_msda::block_attn_res_backward"
+
+# The public function hands the problem it validated for the stacked values it built to the
+# operator it calls, and the autograd backward its saved call to the backward operator, so a
+# forward + backward through the dispatcher validates once and selects once.
+_CHECKED: CallHandoff[BlockAttnResProblem] = CallHandoff()
+_BACKWARD_HANDOFF: CallHandoff[BlockAttnResCall] = CallHandoff()
 
 def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """Explicit argument, else ``NKILIB_MSDA_BACKEND`` (if it names a Block AttnRes backend),
@@ -69,6 +75,9 @@ class BlockAttnResCall:
     scale: float
     rmsnorm_eps: float
     enable_rmsnorm: bool
+    # The backend argument for the operators: "auto" for the automatic choice, resolved where
+    # an operator runs (a traced or exported graph does not carry this machine's choice).
+    op_backend: str = AUTO
 
     def forward(self, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,8 +100,10 @@ class BlockAttnResCall:
 def _bind(problem: BlockAttnResProblem, backend: str | None, device: torch.device,
           dtype: torch.dtype, scale: float, rmsnorm_eps: float, enable_rmsnorm: bool
           ) -> BlockAttnResCall:
-    name = select_backend(None if backend == AUTO else backend, device, dtype)
-    return BlockAttnResCall(problem, name, float(scale), float(rmsnorm_eps), bool(enable_rmsnorm))
+    argument = backend_argument(backend, BACKENDS)
+    name = select_backend(None if argument == AUTO else argument, device, dtype)
+    return BlockAttnResCall(problem, name, float(scale), float(rmsnorm_eps), bool(enable_rmsnorm),
+                            argument)
 
 
 # ---------------------------------------------------------------- registered ops
@@ -103,15 +114,18 @@ def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: T
                                enable_rmsnorm: bool, backend: str = AUTO
                                ) -> tuple[Tensor, Tensor, Tensor]:
     """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
-    problem = validate_stacked_backward_args(grad_h, values, proj_weight, alpha, rmsnorm_gamma,
-                                             rms, scale, enable_rmsnorm,
-                                             allowed_dtypes=_ALL_DTYPES)
-    call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
+    call = _BACKWARD_HANDOFF.take((grad_h, values, proj_weight, alpha))
+    if call is None:
+        problem = validate_stacked_backward_args(grad_h, values, proj_weight, alpha,
+                                                 rmsnorm_gamma, rms, scale, enable_rmsnorm,
+                                                 allowed_dtypes=_ALL_DTYPES)
+        call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
     return call.backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms)
 
 
 def _block_attn_res_backward_fake(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, scale,
                                   enable_rmsnorm, backend=AUTO):
+    _BACKWARD_HANDOFF.clear()
     grad_gamma = (proj_weight.new_empty(rmsnorm_gamma.shape, dtype=rmsnorm_gamma.dtype)
                   if enable_rmsnorm else proj_weight.new_empty((0,)))
     return values.new_empty(values.shape), proj_weight.new_empty(proj_weight.shape), grad_gamma
@@ -138,15 +152,17 @@ def block_attn_res_input_gradients(ctx: Any, grad_h: Tensor
     rms_on = call.enable_rmsnorm
     grad_h = grad_h.contiguous()
     tensors = [t for t in (grad_h, values, proj_weight, alpha, rmsnorm_gamma) if t is not None]
-    if (not torch.is_grad_enabled() and can_skip_dispatcher(*tensors)
-            and grad_h.shape == values.shape[1:] and grad_h.dtype == values.dtype):
+    as_expected = grad_h.shape == values.shape[1:] and grad_h.dtype == values.dtype
+    if not torch.is_grad_enabled() and can_skip_dispatcher(*tensors) and as_expected:
         with profiler_range(BACKWARD_NAME):
             grad_values, grad_w, grad_gamma = call.backward(
                 grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None)
     else:
+        if as_expected:  # otherwise the operator's validation reports it
+            _BACKWARD_HANDOFF.put((grad_h, values, proj_weight, alpha), call)
         grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
             grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None,
-            call.scale, rms_on, call.backend)
+            call.scale, rms_on, call.op_backend)
     if rmsnorm_gamma is None:
         return grad_values, grad_w, None
     if not rms_on:
@@ -169,8 +185,10 @@ def _block_attn_res_impl(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Opt
 
 def _bind_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor], scale: float,
              rmsnorm_eps: float, enable_rmsnorm: bool, backend: str) -> BlockAttnResCall:
-    problem = validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
-                                      enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
+    problem = _CHECKED.take((values, proj_weight, rmsnorm_gamma))
+    if problem is None:
+        problem = validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
+                                          enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
     return _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
                  enable_rmsnorm)
 
@@ -220,17 +238,23 @@ class BlockAttnResFunction(torch.autograd.Function):
         return (*block_attn_res_input_gradients(ctx, grad_h), None)
 
 
-def _run_forward(call: BlockAttnResCall, values: Tensor, proj_weight: Tensor,
-                 rmsnorm_gamma: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The bound call directly in plain eager mode (CPU/CUDA), else the registered operator."""
+def _run_forward(problem: BlockAttnResProblem, backend: str | None, values: Tensor,
+                 proj_weight: Tensor, rmsnorm_gamma: Tensor | None, scale: float,
+                 rmsnorm_eps: float, enable_rmsnorm: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """In plain eager mode (CPU/CUDA) the call bound here runs directly; otherwise the
+    registered operator binds it (with the problem validated here, for these very tensors)."""
     tensors = [t for t in (values, proj_weight, rmsnorm_gamma) if t is not None]
     if values.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
+        call = _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
+                     enable_rmsnorm)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return BlockAttnResFunction.apply(values, proj_weight, rmsnorm_gamma, call)
         with profiler_range(FORWARD_NAME):
             return call.forward(values, proj_weight, rmsnorm_gamma)
-    return block_attn_res_op(values, proj_weight, rmsnorm_gamma, call.scale, call.rmsnorm_eps,
-                             call.enable_rmsnorm, call.backend)
+    stacked = replace(problem, num_blocks=problem.num_sources, has_partial=False)
+    _CHECKED.put((values, proj_weight, rmsnorm_gamma), stacked)
+    return block_attn_res_op(values, proj_weight, rmsnorm_gamma, float(scale), float(rmsnorm_eps),
+                             bool(enable_rmsnorm), backend_argument(backend, BACKENDS))
 
 
 # ---------------------------------------------------------------- public functions
@@ -255,9 +279,8 @@ def block_attn_res(blocks: Sequence[Tensor], proj_weight: Tensor, partial_block:
     problem = validate_block_attn_res_args(blocks, proj_weight, partial_block, scale, rmsnorm_eps,
                                            rmsnorm_gamma, enable_rmsnorm, rms_out_flag,
                                            allowed_dtypes=_ALL_DTYPES)
-    call = _bind(problem, backend, blocks[0].device, blocks[0].dtype, scale, rmsnorm_eps,
-                 enable_rmsnorm)
-    h, rms, alpha = _run_forward(call, _stack(blocks, partial_block), proj_weight, rmsnorm_gamma)
+    h, rms, alpha = _run_forward(problem, backend, _stack(blocks, partial_block), proj_weight,
+                                 rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm)
     extras = ([rms] if rms_out_flag else []) + ([alpha] if alpha_out_flag else [])
     return (h, *extras) if extras else h
 
@@ -281,8 +304,9 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
             with profiler_range(BACKWARD_NAME):
                 grad_values, grad_w, grad_gamma = call.backward(*args)
         else:
+            _BACKWARD_HANDOFF.put(args[:4], call)
             grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
-                *args, call.scale, call.enable_rmsnorm, call.backend)
+                *args, call.scale, call.enable_rmsnorm, call.op_backend)
     n_blocks = len(blocks)
     grad_blocks = list(grad_values[:n_blocks].unbind(0))
     grad_partial = grad_values[n_blocks] if partial_block is not None else None

@@ -27,8 +27,8 @@ from nkilib_msda.pytorch._modes import autocast_disabled
 from nkilib_msda.pytorch.problem_cache import validated_problem
 from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["MsdaCall", "bind_msda_call", "bind_msda_op_call", "spatial_shapes_from_flat",
-           "needs_input_grad"]
+__all__ = ["MsdaCall", "bind_msda_call", "bind_msda_op_call", "msda_operator_args",
+           "spatial_shapes_from_flat", "needs_input_grad"]
 
 
 def needs_input_grad(*tensors: Any) -> bool:
@@ -111,9 +111,18 @@ class MsdaCall:
     def op_args(self) -> tuple[list[int], list[int], str, str, bool, str]:
         """(flat spatial shapes, level starts, value_layout, sampling_locations_layout,
         align_corners, padding_mode) as the operators take them."""
-        p = self.problem
-        return ([d for pair in p.spatial_shapes for d in pair], list(p.level_start_index),
-                p.value_layout, p.sampling_locations_layout, p.align_corners, p.padding_mode)
+        return _problem_op_args(self.problem)
+
+    @property
+    def op_backend(self) -> str:
+        """The ``backend`` argument for the operators: the request, "auto" when automatic (so
+        a traced graph resolves it where it runs)."""
+        return dispatch.AUTO if self.request is None else self.request
+
+
+def _problem_op_args(p: MSDAProblem) -> tuple[list[int], list[int], str, str, bool, str]:
+    return ([d for pair in p.spatial_shapes for d in pair], list(p.level_start_index),
+            p.value_layout, p.sampling_locations_layout, p.align_corners, p.padding_mode)
 
 
 def _is_empty(problem: MSDAProblem) -> bool:
@@ -156,16 +165,47 @@ def bind_msda_call(value: Any, spatial_shapes: Any, level_start_index: Any,
     ``backend``: None or "auto" (automatic), or a backend name. ``needs_backward``: select
     with the backward's limits too (autograd will record the call). ``grad_output``: the
     backward operator's incoming gradient, validated with the rest."""
+    problem, deterministic = _checked_problem(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+        value_layout, sampling_locations_layout, align_corners, padding_mode, deterministic,
+        grad_output)
+    argument = dispatch.backend_argument(backend)
+    request = None if argument == dispatch.AUTO else argument
+    name = dispatch.select_backend(request, problem, value, sampling_locations,
+                                   needs_backward=needs_backward)
+    return MsdaCall(problem, name, request, deterministic, needs_backward)
+
+
+def _checked_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
+                     sampling_locations: Any, attention_weights: Any, value_layout: Any,
+                     sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                     deterministic: Any, grad_output: Any) -> tuple[MSDAProblem, bool | None]:
     deterministic = check_optional_bool("deterministic", deterministic)
     _check_tensors(value, sampling_locations, attention_weights)
     problem = validated_problem(value, spatial_shapes, level_start_index, sampling_locations,
                                 attention_weights, value_layout, sampling_locations_layout,
                                 align_corners, padding_mode, grad_output=grad_output)
     _check_devices(value, sampling_locations, attention_weights)
-    request = None if backend == dispatch.AUTO else backend
-    name = dispatch.select_backend(request, problem, value, sampling_locations,
-                                   needs_backward=needs_backward)
-    return MsdaCall(problem, name, request, deterministic, needs_backward)
+    return problem, deterministic
+
+
+def msda_operator_args(value: Any, spatial_shapes: Any, level_start_index: Any,
+                       sampling_locations: Any, attention_weights: Any, value_layout: Any,
+                       sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                       backend: Any, deterministic: Any) -> tuple:
+    """The forward operator's positional arguments for a user call routed through the
+    dispatcher: checked like :func:`bind_msda_call` (errors name the argument; the validation
+    is memoized) but with no backend selected. The operator binds the call when it runs (the
+    one selection; its autograd node re-uses it), and the automatic choice travels as "auto",
+    so a traced or exported graph selects on the machine and device where it runs."""
+    problem, deterministic = _checked_problem(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+        value_layout, sampling_locations_layout, align_corners, padding_mode, deterministic,
+        None)
+    shapes, starts, value_layout, loc_layout, align_corners, padding_mode = _problem_op_args(problem)
+    return (value, shapes, starts, sampling_locations, attention_weights, value_layout,
+            loc_layout, align_corners, padding_mode, dispatch.backend_argument(backend),
+            deterministic)
 
 
 def spatial_shapes_from_flat(flat: list[int]) -> tuple[tuple[int, int], ...]:

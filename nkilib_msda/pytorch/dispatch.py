@@ -28,8 +28,9 @@ from nkilib_msda.backends import (
 from nkilib_msda.backends.protocol import NEURON_DEVICE_TYPES
 from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "requested_backend",
-           "device_default_backend", "select_backend", "select_block_attn_res_backend",
+__all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "backend_argument",
+           "requested_backend",
+           "device_default_backend", "select_backend", "has_symbolic_sizes", "select_block_attn_res_backend",
            "backward_backend"]
 
 ENV_VAR = "NKILIB_MSDA_BACKEND"
@@ -56,13 +57,8 @@ def requested_backend(backend: str | None, device: torch.device,
     ``NKILIB_MSDA_BACKEND`` naming a backend outside ``names`` (e.g. "triton" for Block
     AttnRes) selects by device instead."""
     names = BACKEND_NAMES if names is None else names
-    if backend is not None:  # the package's one rule for words: any case
-        try:
-            backend = match_word("backend", backend, (AUTO, *names))
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"backend: expected None or one of {[AUTO, *names]}, "
-                            f"got {backend!r}") from None
-    if backend is not None and backend != AUTO:
+    backend = backend_argument(backend, names)
+    if backend != AUTO:
         return BackendChoice(backend, "argument")
     env = read_env(ENV_VAR)
     if env and env != AUTO:
@@ -72,10 +68,29 @@ def requested_backend(backend: str | None, device: torch.device,
     return BackendChoice(default if default in names else FALLBACK_BACKEND, "device")
 
 
+def backend_argument(backend: str | None, names: tuple[str, ...] | None = None) -> str:
+    """The ``backend=`` argument in the operators' form: "auto" for the automatic choice
+    (None or "auto", any case), else the backend's name; raises for any other value.
+
+    Only the argument is resolved: "auto" is resolved (environment variable, device) when an
+    operator runs, so a traced or exported graph records "auto", not the exporting machine's
+    backend."""
+    names = BACKEND_NAMES if names is None else names
+    if backend is None:
+        return AUTO
+    try:  # the package's one rule for words: any case
+        return match_word("backend", backend, (AUTO, *names))
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"backend: expected None or one of {[AUTO, *names]}, "
+                        f"got {backend!r}") from None
+
+
 def device_default_backend(device: torch.device) -> str:
     """The first backend declaring itself the default for ``device``'s type, else the
     fallback ('triton' for CUDA, 'nki' for TorchNeuron's device, otherwise 'reference')."""
     key = (device.type, BACKEND_NAMES)
+    if torch.compiler.is_compiling():  # no guard on a memo that eager calls may fill later
+        return _first_declaring_default(device.type)
     name = _DEVICE_DEFAULTS.get(key)
     if name is None:
         name = _DEVICE_DEFAULTS[key] = _first_declaring_default(device.type)
@@ -108,10 +123,21 @@ def _why_not(name: str, problem: MSDAProblem, value: torch.Tensor,
     # while compiling, an unavailable backend fails in the operator instead.
     if not torch.compiler.is_compiling() and not module.is_available():
         return f"backend {name!r} is not available in this environment", True
+    if has_symbolic_sizes(problem):
+        return None, False  # the operator checks the real sizes when it runs
     reason = module.unsupported_reason(problem, value, sampling_locations)
     if reason is None and needs_backward:
         reason = module.backward_unsupported_reason(problem, value, sampling_locations)
     return reason, False
+
+
+def has_symbolic_sizes(problem: MSDAProblem) -> bool:
+    """Whether the problem was traced with symbolic sizes (torch.compile(dynamic=True),
+    torch.export with Dims). The backends' limits (planners) need real sizes; a traced graph
+    selects, and so checks them, when the operator runs."""
+    return not all(type(d) is int for d in (problem.batch, problem.num_queries,
+                                             problem.num_heads, problem.head_dim,
+                                             problem.num_points))
 
 
 def _resolve(choice: BackendChoice, reason: str | None, unavailable: bool) -> str:
@@ -141,6 +167,8 @@ def backward_backend(name: str, backend: str | None, problem: MSDAProblem, value
     :func:`select_backend` chose from the request ``backend`` with the forward's limits only:
     ``name`` when its backward can run the call; otherwise, like :func:`select_backend`, an
     error for an explicit request and the fallback for an automatic one."""
+    if has_symbolic_sizes(problem):
+        return name
     reason = get_backend(name).backward_unsupported_reason(problem, value, sampling_locations)
     if reason is None:
         return name

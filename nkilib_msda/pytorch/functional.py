@@ -1,11 +1,17 @@
 """``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API.
 
-Per call: one binding (:func:`.call.bind_msda_call`: validation memoized on the call's static
-facts, then backend selection; a forward-only call is checked against forward limits only),
-then either the registered operator (tracing, modes, transforms, subclasses, meta tensors, and
-TorchNeuron's ``neuron`` device, whose PrivateUse1 kernel launches the NKI kernels) or, in
-plain eager mode, the bound call run directly (:mod:`.eager`), which saves ~100 µs of host
-time per call. Every path shares one autograd definition (:mod:`.ops`).
+Per call, one binding (validation memoized on the call's static facts, then one backend
+selection; a forward-only call is checked against forward limits only):
+
+- plain eager mode on CPU/CUDA: the functional API binds (:func:`.call.bind_msda_call`) and
+  runs the call directly (:mod:`.eager`), which saves ~100 µs of host time per call;
+- anything else (tracing, modes, subclasses, meta tensors, TorchNeuron's ``neuron`` device,
+  whose PrivateUse1 kernel launches the NKI kernels): the functional API only checks the
+  arguments (:func:`.call.msda_operator_args`) and the registered operator binds when it runs,
+  so ``backend=None`` stays "auto" in a traced or exported graph;
+- inside ``torch.func`` transforms: the same operators through :mod:`.func_transforms`.
+
+Every path shares one backward (:mod:`.ops`).
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from torch import Tensor
 
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
-from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES
-from nkilib_msda.pytorch.call import bind_msda_call, needs_input_grad
+from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES, in_functorch_transform
+from nkilib_msda.pytorch.call import bind_msda_call, msda_operator_args, needs_input_grad
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
+from nkilib_msda.pytorch.func_transforms import msda_under_transform
 from nkilib_msda.pytorch.point_counts import level_count, pad_point_counts
 
 __all__ = ["multi_scale_deformable_attention"]
@@ -78,16 +85,26 @@ def multi_scale_deformable_attention(
         sampling_locations, attention_weights = pad_point_counts(
             sampling_locations, attention_weights, num_points, level_count(spatial_shapes),
             sampling_locations_layout)
-    call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
-                          attention_weights, value_layout, sampling_locations_layout,
-                          align_corners, padding_mode, backend, deterministic,
-                          needs_backward=needs_input_grad(value, sampling_locations,
-                                                          attention_weights))
-    # Other devices (TorchNeuron's PrivateUse1, meta) always go through the dispatcher.
-    if value.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(
-            value, sampling_locations, attention_weights):
+    if _plain_eager(value, sampling_locations, attention_weights):
+        call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
+                              attention_weights, value_layout, sampling_locations_layout,
+                              align_corners, padding_mode, backend, deterministic,
+                              needs_backward=needs_input_grad(value, sampling_locations,
+                                                              attention_weights))
         return msda_forward_eager(call, value, sampling_locations, attention_weights)
-    shapes, starts, value_layout, loc_layout, align_corners, padding_mode = call.op_args()
-    return torch.ops.nkilib_msda.ms_deformable_attention(
-        value, shapes, starts, sampling_locations, attention_weights, value_layout, loc_layout,
-        align_corners, padding_mode, call.backend, call.deterministic)
+    args = msda_operator_args(value, spatial_shapes, level_start_index, sampling_locations,
+                              attention_weights, value_layout, sampling_locations_layout,
+                              align_corners, padding_mode, backend, deterministic)
+    if in_functorch_transform():
+        return msda_under_transform(*args)
+    return torch.ops.nkilib_msda.ms_deformable_attention(*args)
+
+
+def _plain_eager(value: Tensor, sampling_locations: Tensor, attention_weights: Tensor) -> bool:
+    """CPU/CUDA tensors in plain eager mode (or arguments that are not tensors, which the
+    binding rejects). Other devices (TorchNeuron's PrivateUse1, meta) always go through the
+    dispatcher."""
+    if not all(isinstance(t, Tensor) for t in (value, sampling_locations, attention_weights)):
+        return True
+    return value.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(
+        value, sampling_locations, attention_weights)

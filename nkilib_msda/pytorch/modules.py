@@ -21,7 +21,7 @@ __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttentio
 
 def _shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     """(H, W) pairs as Python ints: one host sync for a tensor, done at the model edge."""
-    return spatial_shapes_tuple(spatial_shapes)
+    return spatial_shapes_tuple(spatial_shapes, "input_spatial_shapes")
 
 
 _NORMALIZERS: dict[tuple, Tensor] = {}

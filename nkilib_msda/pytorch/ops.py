@@ -32,12 +32,21 @@ from nkilib_msda.pytorch.call import MsdaCall, bind_msda_op_call
 from nkilib_msda.pytorch.dispatch import AUTO
 
 __all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd", "MSDAFunction",
-           "save_msda_context", "msda_input_gradients", "FORWARD_NAME", "BACKWARD_NAME"]
+           "save_msda_context", "msda_input_gradients", "FORWARD_NAME", "BACKWARD_NAME",
+           "DOUBLE_BACKWARD_UNSUPPORTED"]
 
 FORWARD_NAME = "nkilib_msda::ms_deformable_attention"
 BACKWARD_NAME = "nkilib_msda::ms_deformable_attention_bwd"
 
 _HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
+# The autograd backward hands its saved call to the backward operator it calls (eager paths
+# through the dispatcher), so one forward + backward binds once there too.
+_BACKWARD_HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
+
+DOUBLE_BACKWARD_UNSUPPORTED = (
+    "nkilib_msda.ms_deformable_attention: double backward (differentiating its gradients, "
+    "e.g. torch.autograd.grad(..., create_graph=True) followed by a second backward, or nested "
+    "torch.func.grad) is not supported; only first-order gradients are implemented")
 
 
 # ---------------------------------------------------------------------------- backward
@@ -64,10 +73,12 @@ def _backward_op_impl(
     if len(compute) != 3:
         raise ValueError(f"compute: expected 3 flags (value, sampling_locations, attention_weights), "
                          f"got {list(compute)!r}")
-    call = bind_msda_op_call(value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, value_layout, sampling_locations_layout,
-                             align_corners, padding_mode, backend, deterministic,
-                             needs_backward=True, grad_output=grad_output)
+    call = _BACKWARD_HANDOFF.take((grad_output, value, sampling_locations, attention_weights))
+    if call is None:
+        call = bind_msda_op_call(value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, value_layout, sampling_locations_layout,
+                                 align_corners, padding_mode, backend, deterministic,
+                                 needs_backward=True, grad_output=grad_output)
     return call.backward(grad_output, value, sampling_locations, attention_weights,
                          (compute[0], compute[1], compute[2]))
 
@@ -75,12 +86,18 @@ def _backward_op_impl(
 def _backward_fake(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                    attention_weights, value_layout, sampling_locations_layout, align_corners,
                    padding_mode, backend, compute, deterministic=None):
+    _BACKWARD_HANDOFF.clear()
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
 
+def _no_double_backward(ctx: Any, *grads: Tensor) -> tuple:
+    raise RuntimeError(DOUBLE_BACKWARD_UNSUPPORTED)
+
+
 ms_deformable_attention_bwd = register_operator("ms_deformable_attention_bwd", _backward_op_impl,
-                                                _backward_fake)
+                                                _backward_fake, backward=_no_double_backward,
+                                                setup_context=lambda ctx, inputs, output: None)
 
 
 # ------------------------------------------------------------- the one autograd definition
@@ -113,10 +130,12 @@ def msda_input_gradients(ctx: Any, grad_output: Tensor, needs: tuple[bool, bool,
                                   compute)
     else:
         shapes, starts, value_layout, loc_layout, align_corners, padding_mode = call.op_args()
+        call.check_grad_output(grad_output, value, sampling_locations, attention_weights)
+        _BACKWARD_HANDOFF.put((grad_output, value, sampling_locations, attention_weights), call)
         grads = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
             grad_output, value, shapes, starts, sampling_locations, attention_weights,
-            value_layout, loc_layout, align_corners, padding_mode, call.backend, list(compute),
-            call.deterministic)
+            value_layout, loc_layout, align_corners, padding_mode, call.op_backend,
+            list(compute), call.deterministic)
     return tuple(g if flag else None for g, flag in zip(grads, compute))  # type: ignore[return-value]
 
 

@@ -29,7 +29,7 @@ from torch import Tensor
 from nkilib_msda.validation.msda import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
 __all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
-           "MAX_CACHED_PROBLEMS"]
+           "check_static", "MAX_CACHED_PROBLEMS"]
 
 MAX_CACHED_PROBLEMS = 256
 _PROBLEMS: dict[tuple, MSDAProblem] = {}
@@ -82,10 +82,24 @@ def check_readable(name: str, x: Any) -> None:
                          "read; pass Python ints (meta value/locations/weights are fine)")
 
 
-def spatial_shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
+def check_static(name: str, x: Any) -> None:
+    """While torch.compile / torch.export traces, a tensor's values are not known (reading
+    them is a graph break, and fullgraph compile and export fail); the spatial shapes are
+    compile-time constants of the kernels, so they must arrive as Python ints."""
+    if isinstance(x, Tensor) and torch.compiler.is_compiling():
+        raise ValueError(
+            f"{name}: got a tensor while torch.compile/torch.export traces, where its values "
+            "cannot be read; pass the (H, W) pairs as Python ints, e.g. [(H0, W0), (H1, W1), ...] "
+            "(the HF layer reads value_spatial_shapes_list)")
+
+
+def spatial_shapes_tuple(spatial_shapes: Any, name: str = "spatial_shapes"
+                         ) -> tuple[tuple[int, int], ...]:
     """:func:`normalize_spatial_shapes` with a short cut for well-formed input (one host copy
-    for a tensor); anything else gets the full checks and their errors."""
-    check_readable("spatial_shapes", spatial_shapes)
+    for a tensor); anything else gets the full checks and their errors. ``name``: the
+    argument's name in errors."""
+    check_readable(name, spatial_shapes)
+    check_static(name, spatial_shapes)
     if torch.compiler.is_compiling():
         return normalize_spatial_shapes(spatial_shapes)
     pairs = _shapes_key(spatial_shapes)
@@ -94,10 +108,21 @@ def spatial_shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
     return normalize_spatial_shapes(spatial_shapes)
 
 
-def _starts_key(level_start_index: Any) -> tuple[int, ...] | str | None:
+def _starts_key(level_start_index: Any, shapes: tuple[tuple[int, ...], ...]
+                ) -> tuple[int, ...] | str | None:
+    """"derived" for None and for the starts None derives (so the operators' explicit starts
+    hit the entry the functional API's None made), else the starts; None when not plain ints."""
     if level_start_index is None:
         return "derived"
-    return _int_list(_python_form(level_start_index))
+    starts = _int_list(_python_form(level_start_index))
+    if starts is not None and len(starts) == len(shapes):
+        total = 0
+        for start, (h, w) in zip(starts, shapes):
+            if start != total:
+                return starts
+            total += h * w
+        return "derived"
+    return starts
 
 
 def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
@@ -119,7 +144,7 @@ def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
     shapes = _shapes_key(spatial_shapes)
     if shapes is None:
         return None
-    starts = _starts_key(level_start_index)
+    starts = _starts_key(level_start_index, shapes)
     if starts is None:
         return None
     return (shapes, starts, value.shape, value.dtype, sampling_locations.shape,
@@ -135,8 +160,14 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
     empty inputs (see the module docstring) and a clear error for meta shape tensors."""
     check_readable("spatial_shapes", spatial_shapes)
     check_readable("level_start_index", level_start_index)
+    check_static("spatial_shapes", spatial_shapes)
     key = None
-    if not torch.compiler.is_compiling():  # symbolic sizes while tracing: validate fully
+    if torch.compiler.is_compiling():
+        # Symbolic sizes while tracing: validate fully. Level starts in a tensor cannot be
+        # read there either; they are derived from the (static) spatial shapes instead.
+        if isinstance(level_start_index, Tensor):
+            level_start_index = None
+    else:
         key = _problem_key(value, spatial_shapes, level_start_index, sampling_locations,
                            attention_weights, value_layout, sampling_locations_layout,
                            align_corners, padding_mode, grad_output)
@@ -201,8 +232,10 @@ def _empty_sizes(value: Any, sampling_locations: Any, attention_weights: Any,
     if grad_output is not None and (not isinstance(grad_output, Tensor) or grad_output.dim() != 3):
         return None
     loc_b, loc_q = _LOC_DIMS[sampling_locations_layout]
-    batch = int(value.shape[0])
-    queries = int(sampling_locations.shape[loc_q])
+    # Symbolic sizes (dynamic-shape tracing) stay symbolic; the shape environment answers these
+    # tests without pinning B or N_q to the example's values (0 and 1 are specialized anyway).
+    batch = value.shape[0]
+    queries = sampling_locations.shape[loc_q]
     if batch != 0 and queries != 0:
         return None
     checks = [("sampling_locations", sampling_locations, loc_b, loc_q),
@@ -210,10 +243,10 @@ def _empty_sizes(value: Any, sampling_locations: Any, attention_weights: Any,
     if grad_output is not None:
         checks.append(("grad_output", grad_output, 0, 1))
     for name, t, b_dim, q_dim in checks:
-        if int(t.shape[b_dim]) != batch:
+        if t.shape[b_dim] != batch:
             raise ValueError(f"{name}: expected batch B={batch} (value's) at dim {b_dim}, got "
                              f"shape {tuple(t.shape)}")
-        if int(t.shape[q_dim]) != queries:
+        if t.shape[q_dim] != queries:
             raise ValueError(f"{name}: expected N_q={queries} (sampling_locations') at dim "
                              f"{q_dim}, got shape {tuple(t.shape)}")
     return batch, queries

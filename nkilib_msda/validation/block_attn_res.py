@@ -8,12 +8,11 @@ argument, what was expected and what was received. The checks return a frozen
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from nkilib_msda.hardware import PARTITIONS
-from nkilib_msda.validation.msda import dtype_name
+from nkilib_msda.validation.msda import dtype_name, symbolic_or_int
 
 __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
            "validate_block_attn_res_args", "validate_block_attn_res_backward_args",
@@ -61,7 +60,7 @@ def _device(x: Any) -> str | None:
 def _tensor(name: str, x: Any) -> tuple[int, ...]:
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(f"{name}: expected an array or tensor, got {_describe(x)}")
-    return tuple(int(s) for s in x.shape)
+    return tuple(symbolic_or_int(s) for s in x.shape)
 
 
 def _check_like(name: str, x: Any, shape: tuple[int, ...], dtypes: Sequence[str], device: str | None,
@@ -117,7 +116,9 @@ def _check_weights(proj_weight: Any, rmsnorm_gamma: Any, enable_rmsnorm: bool, d
 def _check_number(name: str, value: Any, minimum: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a Python number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or (minimum is not None and value < minimum):
+    # x - x == 0 is false exactly for inf and NaN, and unlike math.isfinite it also works on
+    # the symbolic floats torch.compile(dynamic=True) makes of float arguments.
+    if not (value - value) == 0 or (minimum is not None and value < minimum):
         bound = "" if minimum is None else f" >= {minimum}"
         raise ValueError(f"{name}: expected a finite number{bound}, got {value!r}")
 

@@ -98,10 +98,22 @@ def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> tuple[int,
         raise TypeError(
             f"{name}: expected a float dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
             f"got dtype {dtype_name(x.dtype)}")
-    shape = tuple(int(s) for s in x.shape)
+    shape = tuple(symbolic_or_int(s) for s in x.shape)
     if isinstance(ndim, int) and len(shape) != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d tensor, got shape {shape}")
     return shape
+
+
+def symbolic_or_int(size: Any) -> Any:
+    """A dimension as a Python int, except a symbolic one (torch's ``SymInt`` while tracing with
+    dynamic shapes), which stays symbolic: ``int()`` would specialize the traced graph to the
+    example's size. The checks below only compare sizes, which works on both."""
+    return size if _is_symint(size) else int(size)
+
+
+def _is_symint(v: Any) -> bool:
+    """torch's symbolic int (no torch import here: NumPy callers must not need it)."""
+    return type(v).__name__ == "SymInt" and hasattr(v, "node")
 
 
 def _to_python(x: Any) -> Any:
@@ -112,7 +124,10 @@ def _to_python(x: Any) -> Any:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    """An int; a symbolic one too (torch.compile(dynamic=True) makes int arguments symbolic):
+    spatial shapes and level starts are compile-time constants of the kernels, and ``int()``
+    below specializes the graph to them."""
+    return (isinstance(v, numbers.Integral) and not isinstance(v, bool)) or _is_symint(v)
 
 
 def normalize_spatial_shapes(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:

@@ -3,7 +3,10 @@
 - ``save DIR``: export a small model calling both MSDA and Block AttnRes, save the program and
   its inputs/expected outputs to DIR;
 - ``load DIR``: import only torch and nkilib_msda, load the program and check it reproduces the
-  saved outputs.
+  saved outputs;
+- ``load-nki DIR`` (run with ``NKILIB_MSDA_BACKEND=nki``): the program, exported where the
+  automatic choice was "reference", runs the nki backend here: its entry points are counted and
+  the outputs compared with the saved (reference) ones at the float32 tolerance.
 """
 
 from __future__ import annotations
@@ -49,6 +52,30 @@ def load(directory: Path) -> None:
         assert torch.equal(g, w)
 
 
+def load_nki(directory: Path) -> None:
+    from nkilib_msda.backends import nki_backend
+    from nkilib_msda.workloads import compare, tolerance
+
+    calls = {"msda_forward": 0, "block_attn_res_forward": 0}
+    for name in calls:
+        real = getattr(nki_backend, name)
+
+        def counting(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(nki_backend, name, counting)
+    program = torch.export.load(directory / "tiny.pt2")
+    recorded = [n.args for n in program.graph.nodes if "nkilib_msda" in str(n.target)]
+    assert recorded and not any("reference" in map(str, args) for args in recorded), recorded
+    io = torch.load(directory / "io.pt")
+    got = program.module()(*io["inputs"])
+    assert calls == {"msda_forward": 1, "block_attn_res_forward": 1}, calls
+    for name, g, w in zip(("msda", "block_attn_res"), got, io["outputs"]):
+        result = compare(name, g, w, tolerance("output", "float32"))
+        assert result.ok, result.row()
+
+
 if __name__ == "__main__":
-    {"save": save, "load": load}[sys.argv[1]](Path(sys.argv[2]))
+    {"save": save, "load": load, "load-nki": load_nki}[sys.argv[1]](Path(sys.argv[2]))
     print("PASSED", sys.argv[1])

@@ -6,8 +6,11 @@ operators' (or the float64 reference's), so a path that skipped work would fail 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import nkilib_msda
 from nkilib_msda.backends import nki_backend
@@ -63,6 +66,29 @@ def test_msda_forward_backward_validates_once_and_selects_once(path, msda_counts
     # A second call with the same static facts binds from the cache: no new validation.
     path(*leaves)
     assert msda_counts["validate"] == 1
+
+
+class _PassThroughMode(TorchFunctionMode):
+    """Any TorchFunctionMode sends the functional API through the registered operators."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", _msda_paths()[:2] + _msda_paths()[3:],
+                         ids=lambda f: f.__name__)
+def test_dispatcher_path_forward_backward_validates_once_and_selects_once(path, msda_counts):
+    """Through the dispatcher the functional API only checks the arguments and the operator
+    binds (one selection); the backward operator re-uses the forward's call."""
+    inputs = make_inputs(seed=46)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors()]
+    with _PassThroughMode():
+        out = path(*leaves)
+        assert msda_counts == {"validate": 1, "select": 1}
+        grads = torch.autograd.grad(out, leaves, inputs.grad_output)
+    assert msda_counts == {"validate": 1, "select": 1}
+    for got, want in zip(grads, _reference_grads(leaves, inputs.grad_output)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
 def test_msdeformattn_module_forward_backward_validates_once_and_selects_once(msda_counts):
@@ -186,17 +212,19 @@ def _bar_inputs(seed):
     return blocks, partial, w, gamma, grad_h
 
 
-@pytest.mark.parametrize("path", ["functional", "operator"])
+@pytest.mark.parametrize("path", ["functional", "operator", "functional_dispatcher"])
 def test_block_attn_res_forward_backward_validates_once_and_selects_once(path, bar_counts):
+    """functional_dispatcher: under a TorchFunctionMode, through both operators."""
     blocks, partial, w, gamma, grad_h = _bar_inputs(47)
     leaves = [t.clone().requires_grad_() for t in (*blocks, partial, w, gamma)]
-    if path == "functional":
-        h = bar.block_attn_res(leaves[:3], leaves[4], leaves[3], 0.7, 1e-6, leaves[5])
-    else:
-        values = torch.stack(leaves[:4])
-        h, _, _ = torch.ops.nkilib_msda.block_attn_res(values, leaves[4], leaves[5], 0.7, 1e-6,
-                                                       True, "auto")
-    grads = torch.autograd.grad(h, leaves, grad_h)
+    with _PassThroughMode() if path == "functional_dispatcher" else contextlib.nullcontext():
+        if path == "operator":
+            values = torch.stack(leaves[:4])
+            h, _, _ = torch.ops.nkilib_msda.block_attn_res(values, leaves[4], leaves[5], 0.7,
+                                                           1e-6, True, "auto")
+        else:
+            h = bar.block_attn_res(leaves[:3], leaves[4], leaves[3], 0.7, 1e-6, leaves[5])
+        grads = torch.autograd.grad(h, leaves, grad_h)
     assert bar_counts == {"validate": 1, "select": 1}
     want_blocks, want_partial, want_w, want_gamma = block_attn_res_backward_ref(
         grad_h.numpy(), [b.numpy() for b in blocks], w.numpy(), partial.numpy(), gamma.numpy(),
@@ -205,11 +233,13 @@ def test_block_attn_res_forward_backward_validates_once_and_selects_once(path, b
         torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
 
 
-def test_block_attn_res_backward_function_validates_once_and_selects_once(bar_counts):
+@pytest.mark.parametrize("dispatcher", [False, True], ids=["eager", "dispatcher"])
+def test_block_attn_res_backward_function_validates_once_and_selects_once(dispatcher, bar_counts):
     blocks, partial, w, gamma, grad_h = _bar_inputs(48)
     _, rms, alpha = bar.block_attn_res(blocks, w, partial, 0.7, 1e-6, gamma, True, True, True)
     bar_counts.update(validate=0, select=0)
-    out = bar.block_attn_res_backward(grad_h, blocks, w, alpha, partial, gamma, rms, 0.7)
+    with _PassThroughMode() if dispatcher else contextlib.nullcontext():
+        out = bar.block_attn_res_backward(grad_h, blocks, w, alpha, partial, gamma, rms, 0.7)
     assert bar_counts == {"validate": 1, "select": 1}
     want = block_attn_res_backward_ref(grad_h.numpy(), [b.numpy() for b in blocks], w.numpy(),
                                        partial.numpy(), gamma.numpy(), 0.7, 1e-6)
