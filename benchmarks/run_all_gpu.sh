@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Correctness check and benchmark of the Triton backend in one go, on a CUDA machine, from the
-# repository root:   bash benchmarks/run_all_gpu.sh [OUT_DIR]
+# repository root:   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] bash benchmarks/run_all_gpu.sh [OUT_DIR]
+# (CUDA_OP_DIR: that folder with its extension built in place, `python setup.py build_ext --inplace`)
 # 1. benchmarks/check_gpu.py in 12 processes (shards) while 12 more compile every kernel the
 #    benchmark uses (Triton's on-disk cache is shared; compiling dominates otherwise), then
 # 2. the timed benchmark, alone on the GPU: this package's public function and kernels, and the
@@ -28,5 +29,5 @@ echo "check: $(grep -c '^PASS' "$out/check.txt") PASS, $(grep -c '^FAIL' "$out/c
 grep '^FAIL' "$out/check.txt"
 grep -l -E "Traceback|Error" "$out"/check_*.log "$out"/warm_*.log
 python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda --warmup 10 --rep 40 \
-  --out "$out/bench" 2>&1 | tee "$out/bench.log"
+  --cuda-op-dir "${CUDA_OP_DIR:-}" --out "$out/bench" 2>&1 | tee "$out/bench.log"
 echo "total: $(( $(date +%s) - start )) s"
