@@ -65,7 +65,11 @@ __all__ = [
 # The planners' one SBUF budget (nkilib_msda.hardware): trn2 usable SBUF minus the reserve.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 TRANSPOSE_MAX_CHANNELS = DMA_TRANSPOSE_MAX_FREE  # indirect dma_transpose: src.shape[-1] <= 128
-DEFAULT_DMA_COLS = 32             # index columns per indirect dma_transpose (4096 indices)
+# Index columns per indirect dma_transpose (1,024 indices). Smaller instructions start the
+# DMA engines sooner after a tile's indices are ready (the software DGE builds one
+# instruction's descriptors before its transfer starts); below 8 the per-instruction DGE
+# cost makes GpSimd the bottleneck (modelled: docs/performance.md, issue 21 levers).
+DEFAULT_DMA_COLS = 8
 MAX_Q_PACK = 8
 PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce group
 # Coordinate-phase scratch, in 4-byte words per sample: locations (2), attention (1), NaN
