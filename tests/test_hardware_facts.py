@@ -143,7 +143,7 @@ def test_every_planner_defaults_to_the_one_budget_and_quotes_it():
     assert plan_msda_forward(_problem(), "bfloat16").sbuf_bytes <= budget
     quoted = f"{budget:,}"
     with pytest.raises(ValueError, match=f"over the budget {quoted} "):
-        plan_msda_backward(_problem(head_dim=4096, num_points=64), "float32")
+        plan_msda_backward(_problem(head_dim=4096, num_points=512), "float32")  # N_p bounds it
     with pytest.raises(ValueError, match=f"budget {quoted} B"):
         plan_msda_forward(_problem(num_heads=16, num_points=256, head_dim=512), "float32")
     with pytest.raises(ValueError, match=f"no tiling fits the {quoted} SBUF bytes"):

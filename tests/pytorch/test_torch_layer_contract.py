@@ -41,11 +41,12 @@ def _ref(value, shapes, loc, attn):
 # ------------------------------------------------------------ forward-only limits
 
 
-@pytest.mark.parametrize("case", ["fp32_wide_channels", "many_heads_times_levels"])
+@pytest.mark.parametrize("case", ["fp32_many_points", "many_heads_times_levels"])
 def test_forward_only_calls_are_not_refused_for_backward_limits(case):
-    """fp32 C_h = 3072 (N_p = 4) and N_h*N_l = 160 > 128 are backward-planner limits only."""
-    if case == "fp32_wide_channels":
-        shapes, (value, loc, attn) = ((2, 3),), _small(3072, torch.float32, points=4)
+    """N_p = 600 fp32 (the backward's SBUF holds ~410 points per sample row) and
+    N_h*N_l = 160 > 128 are backward-planner limits only."""
+    if case == "fp32_many_points":
+        shapes, (value, loc, attn) = ((2, 3),), _small(8, torch.float32, points=600)
     else:
         shapes = ((2, 2),) * 40
         value, loc, attn = _small(8, torch.bfloat16, heads=4, shapes=shapes)

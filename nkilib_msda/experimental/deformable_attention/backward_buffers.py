@@ -42,14 +42,16 @@ def zero_own_buffers(cfg, buffer_sets, core: int, zero_tile) -> None:
                 nisa.dma_copy(dst=_rect(flat, off, parts, width), src=zero_tile[0:parts, 0:width])
 
 
-def scatter_add(buf, batch: int, core: int, cfg, index_col, data, parts: int, pair_step: int) -> None:
-    """buf[k*R + row] += data for ``parts`` partitions (one row, or an x-pair of rows)."""
+def scatter_add(buf, batch: int, core: int, cfg, index_col, data, parts: int, pair_step: int,
+                c0: int, width: int) -> None:
+    """buf[k*R + row, c0:c0 + width] += data for ``parts`` partitions (one row, or an x-pair
+    of rows; ``width`` channels of one channel tile)."""
     c_h = cfg.problem.head_dim
-    offset = (batch * cfg.lnc + core) * cfg.num_buffers * cfg.rows_per_batch * c_h
+    offset = (batch * cfg.lnc + core) * cfg.num_buffers * cfg.rows_per_batch * c_h + c0
     if pair_step:
-        pattern = [[c_h, parts], [pair_step * c_h, 2], [1, c_h]]
+        pattern = [[c_h, parts], [pair_step * c_h, 2], [1, width]]
     else:
-        pattern = [[c_h, parts], [1, c_h]]
+        pattern = [[c_h, parts], [1, width]]
     dst = buf.ap(pattern, offset=offset, vector_offset=index_col)
     nisa.dma_compute(dst=dst, srcs=[dst, data], reduce_op=nl.add)
 

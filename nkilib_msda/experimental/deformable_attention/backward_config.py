@@ -15,6 +15,15 @@ partition j of every block has the same (h, l) = divmod(j mod G, N_l): per-level
 are processed together in the free dims ("super-tile") so the coordinate math runs once per
 T*N_p samples per partition. Loads and stores are contiguous runs of sample rows.
 
+Channel tiles
+-------------
+grad_output rows, the per-block products and the gathered rows hold ``C_t`` channels: the
+whole C_h whenever that fits the SBUF budget with some T (the plan of an untiled kernel),
+otherwise the widest ``C_t = ceil(C_h / n)`` that fits (rounded up to a multiple of 128 on the
+transpose path), then the most blocks T at that width. Each super-tile then makes one
+gather/dot/scatter pass per channel tile; the per-corner dot products of the passes are added
+in fp32. Only N_p stays bounded (the per-sample tiles); the error says how many points fit.
+
 Gathers and scatters work on 128-row (rows, C_h) views of value / the K buffers, in ROW units
 (BLNC row = pix*N_h + h, BNLC row = h*L + pix; the batch goes into the access-pattern
 offset), so indices are exact fp32 integers as long as K*L*N_h < 2^24 (checked; beyond it the
@@ -61,10 +70,11 @@ reduction (core s reduces band s of every batch).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nkilib_msda.hardware import (
-    DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
+    DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET,
+    PSUM_BANK_BYTES)
 from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
@@ -113,7 +123,7 @@ class BackwardConfig:
     gather_partitions: int           # P_g: partitions per gather DMA (copy path may be < 128)
     gather_columns: int              # M_g: index columns per transpose gather DMA
     gather_pairs: bool               # copy path: one index fetches the (x0, x1) corner pair
-    channel_chunks: tuple[tuple[int, int], ...]  # (c0, c) <= 128 channels per transpose
+    channel_tiles: tuple[tuple[int, int], ...]  # (c0, c): one gather/scatter pass per channel tile
     psum_columns: int                # transposed columns per PSUM bank
     # scatter
     scatter_partitions: int          # P_s
@@ -139,6 +149,16 @@ class BackwardConfig:
     def columns_per_block(self) -> int:
         """4*N_p gather/scatter columns (point, corner) per sample row."""
         return 4 * self.problem.num_points
+
+    @property
+    def channel_tile_width(self) -> int:
+        """C_t: channels of the widest channel tile (the free size of grad, work, gathered)."""
+        return max(c for _, c in self.channel_tiles)
+
+    @staticmethod
+    def transpose_chunks(width: int) -> tuple[tuple[int, int], ...]:
+        """(offset, channels) <= 128 channels per dma_transpose within a channel tile of ``width``."""
+        return _transpose_chunks(width)
 
     @property
     def needs_gather(self) -> bool:
@@ -214,7 +234,8 @@ class BackwardConfig:
         """Plain dict for reports."""
         return {
             "G": self.groups, "Q_t": self.queries_per_block, "P_t": self.partitions_per_block,
-            "T": self.blocks_per_tile, "gather_method": self.gather_method,
+            "T": self.blocks_per_tile, "C_t": self.channel_tile_width,
+            "channel_tiles": len(self.channel_tiles), "gather_method": self.gather_method,
             "P_g": self.gather_partitions, "M_g": self.gather_columns,
             "pairs_g": self.gather_pairs, "P_s": self.scatter_partitions,
             "pairs_s": self.scatter_pairs, "K_base": self.k_base,
@@ -233,15 +254,17 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
     return -(-n // 4) * 4
 
 
-def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_method: str,
-                gather_columns: int, channel_chunks, psum_columns: int, want_value: bool,
-                want_gather: bool, pairs: bool) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
+                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
+                pairs: bool) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
     = (sample, y-corner a, x-corner b); per-block tiles hold the 4*N_p columns of one block.
+    Channel tiles of ``width`` channels size grad, work and gathered; ``tiled`` (more than
+    one channel tile) adds the per-block partial dot products summed over the tiles.
     """
-    n_p, c_h = problem.num_points, problem.head_dim
+    n_p, c_h = problem.num_points, width
     f = blocks * n_p
     cols = 4 * n_p
     tiles = [
@@ -283,6 +306,8 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
             ("gaw_out", (f,), value_dtype),
             ("gsl", (f, 2), "float32"),
         ]
+        if tiled:
+            tiles.append(("dot_part", (n_p, 4), "float32"))
         if gather_method == "transpose":  # partitions = channels, free = M_g*128 gathered rows
             tiles.append(("transposed", (gather_columns * PARTITIONS,), value_dtype))
     if want_value:
@@ -293,6 +318,71 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, gather_meth
         ("red_out", (REDUCE_FREE_ELEMENTS,), value_dtype),
     ]
     return tuple(tiles)
+
+
+def _transpose_gather_columns(cols: int, channels: int, cap: int | None) -> int:
+    """M_g: index columns per transpose gather of ``channels`` (<= 128 used) channels; no cap
+    means as many as upstream's packet limit allows."""
+    limit = min(cols, TRANSPOSE_PACKET_COLUMNS // (PARTITIONS // min(channels, PARTITIONS)))
+    if cap != None:  # noqa: E711
+        limit = min(limit, cap // PARTITIONS)
+    return _largest_divisor_at_most(cols, max(limit, 1))
+
+
+def _sbuf_bytes(tiles: tuple[tuple[str, tuple[int, ...], str], ...]) -> int:
+    return sum(_tile_bytes(shape, dtype) for _, shape, dtype in tiles)
+
+
+def _transpose_chunks(width: int) -> tuple[tuple[int, int], ...]:
+    return tuple((c0, min(DMA_TRANSPOSE_MAX_FREE, width - c0)) for c0 in range(0, width, DMA_TRANSPOSE_MAX_FREE))
+
+
+def _channel_tile_widths(head_dim: int, gather_method: str) -> list[int]:
+    """Candidate channel-tile widths C_t, widest first: C_h, then ceil(C_h / n) for n = 2, 3, ...
+
+    The transpose gather rounds a width above 128 up to a multiple of 128, so every tile but
+    the last splits into whole 128-channel transposes.
+    """
+    widths: list[int] = []
+    for n in range(1, head_dim + 1):
+        width = -(-head_dim // n)
+        if gather_method == "transpose" and width > DMA_TRANSPOSE_MAX_FREE:
+            width = min(head_dim, -(-width // DMA_TRANSPOSE_MAX_FREE) * DMA_TRANSPOSE_MAX_FREE)
+        if not widths or width < widths[-1]:
+            widths.append(width)
+        if width == 1:
+            break
+    return widths
+
+
+def _fit_sbuf(tiles_for, widths: list[int], budget: int) -> tuple[int, int]:
+    """(C_t, T): the widest channel tile that fits ``budget`` with some blocks per super-tile,
+    then the most blocks (a power of two <= 16) at that width; T = 0 when nothing fits.
+
+    The full width is tried first (one channel tile: the kernel as without tiling); the bytes
+    grow with the width, so the narrower widths are bisected.
+    """
+    def fits(width: int, blocks: int) -> bool:
+        return _sbuf_bytes(tiles_for(blocks, width)) <= budget
+
+    if fits(widths[0], 1):
+        width = widths[0]
+    else:
+        narrower = widths[1:]
+        lo, hi = 0, len(narrower)  # the first fitting index lies in [lo, hi]; len = none
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(narrower[mid], 1):
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == len(narrower):
+            return widths[-1], 0
+        width = narrower[lo]
+    blocks = MAX_BLOCKS_PER_TILE
+    while blocks > 1 and not fits(width, blocks):
+        blocks //= 2
+    return width, blocks
 
 
 def plan_backward(
@@ -355,16 +445,10 @@ def plan_backward(
             raise ValueError(f"max_gather_indices_per_indirect: the transpose gather needs at least {PARTITIONS} "
                              f"indices per DMA, got {cap}; use gather_method='copy' for smaller caps")
         gather_partitions = _pow2_floor(cap)
-    elif method == "transpose":  # None = no cap: as many columns as the packet limit allows
-        limit = min(cols, TRANSPOSE_PACKET_COLUMNS // (PARTITIONS // min(c_h, PARTITIONS)))
-        if cap != None:  # noqa: E711
-            limit = min(limit, cap // PARTITIONS)
-        gather_columns = _largest_divisor_at_most(cols, max(limit, 1))
+    elif method == "transpose":
+        gather_columns = _transpose_gather_columns(cols, c_h, cap)
     else:
         gather_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
-    channel_chunks = tuple((c0, min(PARTITIONS, c_h - c0)) for c0 in range(0, c_h, PARTITIONS))
-    psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (max(c for _, c in channel_chunks) * itemsize)))
-
     # scatter plan
     cap = max_scatter_indices_per_indirect
     sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
@@ -381,26 +465,32 @@ def plan_backward(
         scatter_partitions //= 2
         k_base = -(-scatter_partitions // groups)
 
-    # SBUF: as many blocks per super-tile as fit
-    budget = sbuf_budget
-    blocks = MAX_BLOCKS_PER_TILE
-    while True:
-        tiles = _sbuf_tiles(problem, value_dtype, blocks, method, gather_columns, channel_chunks,
-                            psum_columns, compute_grad_value,
-                            compute_grad_sampling_locations or compute_grad_attention_weights,
-                            gather_pairs or scatter_pairs)
-        used = sum(_tile_bytes(s, d) for _, s, d in tiles)
-        if used <= budget or blocks == 1:
-            break
-        blocks //= 2
-    if used > budget:
-        raise ValueError(f"SBUF: the backward tiles need {used:,} bytes per partition, over the budget "
-                         f"{budget:,} (N_p = {n_p}, C_h = {c_h}, value dtype {value_dtype})")
+    def tiles_for(blocks: int, width: int, points: int = n_p) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        shape = problem if points == n_p else replace(problem, num_points=points)
+        return _sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
+                           compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
+                           gather_pairs or scatter_pairs)
+
+    width, blocks = _fit_sbuf(tiles_for, _channel_tile_widths(c_h, method), sbuf_budget)
+    if blocks == 0:
+        used = _sbuf_bytes(tiles_for(1, 1))
+        fitting = next((k for k in range(n_p - 1, 0, -1)  # an error path: a plain scan will do
+                        if _sbuf_bytes(tiles_for(1, 1, k)) <= sbuf_budget), 0)
+        raise ValueError(
+            f"SBUF: the backward tiles need {used:,} bytes per partition even with one block per "
+            f"super-tile and one channel per channel tile, over the budget {sbuf_budget:,} "
+            f"(value dtype {value_dtype}, C_h = {c_h}); sampling_locations: N_p = {n_p} points set "
+            f"the per-partition sample tiles, at most N_p = {fitting} fits")
+    if method == "transpose" and width < min(c_h, PARTITIONS):  # narrower transposes: fewer columns
+        gather_columns = _transpose_gather_columns(cols, width, max_gather_indices_per_indirect)
+    tiles = tiles_for(blocks, width)
+    channel_tiles = tuple((c0, min(width, c_h - c0)) for c0 in range(0, c_h, width))
+    psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (min(width, PARTITIONS) * itemsize)))
     return BackwardConfig(
         problem=problem, lnc=lnc, value_itemsize=itemsize, groups=groups,
         queries_per_block=queries_per_block, partitions_per_block=queries_per_block * groups,
         blocks_per_tile=blocks, gather_method=method, gather_partitions=gather_partitions,
-        gather_columns=gather_columns, gather_pairs=gather_pairs, channel_chunks=channel_chunks,
+        gather_columns=gather_columns, gather_pairs=gather_pairs, channel_tiles=channel_tiles,
         psum_columns=psum_columns, scatter_partitions=scatter_partitions, scatter_pairs=scatter_pairs,
         k_base=k_base, num_buffers=k_base, scatter_sets=sets, compute_grad_value=compute_grad_value,
         compute_grad_sampling_locations=compute_grad_sampling_locations,

@@ -29,7 +29,7 @@ class BackwardTiles:
     # loaded parameters
     loc: Any                   # (f, 2) fp32 (u, v)
     attn: Any                  # (f,) fp32
-    grad: Any                  # (T, C_h) fp32 grad_output rows
+    grad: Any                  # (T, C_t) fp32 grad_output rows (one channel tile)
     # coordinate math (coordinates.py)
     okmask: Any                # (2, f) int32: all ones where the coordinate is not NaN
     xy: Any                    # (2, f) pixel coordinates
@@ -45,7 +45,7 @@ class BackwardTiles:
     rows: Any                  # (f, 4) row index per corner
     weights: Any               # (f, 4) bilinear weight per corner
     vbits: Any                 # (f, 4) int32 all ones for a valid corner
-    work: Any                  # (4 N_p, C_h) fp32 per-block products
+    work: Any                  # (4 N_p, C_t) fp32 per-block products
     red: Any                   # reduction tiles (fp32 / fp32 / value dtype)
     red_prev: Any
     red_out: Any
@@ -55,12 +55,13 @@ class BackwardTiles:
     dwx: Any = None
     dwy: Any = None
     prod4: Any = None
-    gathered: Any = None
+    gathered: Any = None       # (4 N_p, C_t) value rows of one block and channel tile
     gaw: Any = None
     gaw_out: Any = None
     gsl: Any = None
+    dot_part: Any = None       # (N_p, 4) fp32: one block's dots over one channel tile (C_t < C_h)
     transposed: Any = None
-    psum: Any = None           # PSUM (psum_columns, C_max) in the value dtype
+    psum: Any = None           # PSUM (psum_columns, min(C_t, 128)) in the value dtype
     # scatter (None unless grad_value is wanted)
     sidx: Any = None
     coef: Any = None
@@ -85,7 +86,7 @@ def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:
         made[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype),
                                 buffer=nl.sbuf, name=name)
     if cfg.gather_method == "transpose" and cfg.needs_gather:
-        cmax = max(c for _, c in cfg.channel_chunks)
+        cmax = max(c for _, c in cfg.transpose_chunks(cfg.channel_tile_width))
         made["psum"] = nl.ndarray((PARTITIONS, cfg.psum_columns, cmax), dtype=value_dtype,
                                   buffer=nl.psum, name="psum_transpose")
     return BackwardTiles(**made)

@@ -9,6 +9,9 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
   batch M_g columns; no cap = upstream's packet limit) plus PE transposes back, or indirect
   ``dma_copy`` (any dtype; with no cap or a cap >= 256 one index fetches the (x0, x1) corner
   pair as two runs). fp32 values always take the copy path (dma_transpose is 2-byte only).
+- Channel tiles: grad_output, gathered rows and scatter data hold C_t channels; a C_h too
+  wide for SBUF is processed in ceil(C_h / C_t) passes per super-tile (dot products summed
+  over the passes in fp32); C_t = C_h (one pass) whenever it fits.
 - grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
   per instruction (``max_scatter_indices_per_indirect`` <= 128 sets the partitions per
   scatter and so K; with no cap K is sized so that buffer traffic stays below the scatter's;
@@ -95,6 +98,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
         B, N_q, N_h, C_h, N_l, N_p, L: as in ``ms_deformable_attention``.
         S = B * N_q * N_h * N_l: sample rows, one (query, head, level) per partition.
         K: replicated fp32 grad_value buffers per core (from the scatter cap, see Notes).
+        C_t: channels per channel tile (C_h unless one row of C_h does not fit SBUF).
 
     Args:
         grad_output (HBM tensor): (B, N_q, N_h * C_h) in value's dtype.
@@ -133,6 +137,9 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
           in different replicated buffers.
         - Out-of-map corners and NaN samples are removed bitwise from the dot products, pair
           selects and scatter data.
+        - Any C_h: when the C_h-wide tiles do not fit SBUF, the plan splits the channels into
+          tiles of C_t (a multiple of 128 on the transpose path) and each super-tile makes one
+          gather/scatter pass per tile; only N_p is bounded by SBUF (the error names it).
         - LNC=2: each core scatters into its own buffers; one core barrier per buffer set, then
           each core reduces a band of rows. The plan comes from ``backward_config.plan_backward``
           (plain Python) before any instruction is emitted.
@@ -142,16 +149,21 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
         zero(this core's grad_value buffers)
         for b in range(B):
             for super_tile in plan.super_tiles(core):      # <= 128 sample rows x T blocks
-                loc, w, g = load(sampling_locations, attention_weights, grad_output rows)
+                loc, w = load(sampling_locations, attention_weights)
                 corners, bilinear, valid = coordinates(loc)         # fp32, as the forward
+                dots = 0
+                for c0 in range(0, C_h, C_t):                       # one pass unless C_h is wide
+                    g = grad_output rows[:, c0:c0 + C_t]
+                    if grad_sampling_locations or grad_attention_weights:
+                        v = gather(value[b, ..., c0:c0 + C_t], corners)  # (rows, 4 * N_p, C_t)
+                        dots += sum_c(v * g)                        # fp32, per corner
+                    if grad_value:
+                        scatter_add(buffers[k(partition)][..., c0:c0 + C_t], corners,
+                                    w * bilinear * g)
                 if grad_sampling_locations or grad_attention_weights:
-                    v = gather(value[b], corners)                   # (rows, 4 * N_p, C_h)
-                    dots = sum_c(v * g)                             # fp32, per corner
                     grad_w = sum_corners(bilinear * dots)
                     grad_loc = w * map_scale * sum_corners(d_bilinear/d_pixel * dots)
                     store(grad_w, grad_loc)
-                if grad_value:
-                    scatter_add(buffers[k(partition)], corners, w * bilinear * g)
         core_barrier(buffers)                                # LNC=2 only
         grad_value = cast(sum over k and cores of buffers[my row band], value.dtype)
     """
@@ -273,36 +285,50 @@ class _BackwardKernel:
                 prow = (b * 2 + c) * plane + q0 * cfg.groups
                 nisa.dma_copy(dst=t.loc[0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
         nisa.dma_copy(dst=t.attn[0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
+        channel_tiles = cfg.channel_tiles
+        self._load_grad(b, q0, n, blocks, *channel_tiles[0])
+        smp.sample_terms(cfg, t, n, f, cfg.needs_gather, self.want_gsl)
+        scatter_terms = None
+        for i, (c0, width) in enumerate(channel_tiles):
+            if i:
+                self._load_grad(b, q0, n, blocks, c0, width)
+            if cfg.needs_gather:
+                self._gather_and_dots(b, n, blocks, c0, width, first=i == 0)
+                if i == len(channel_tiles) - 1:
+                    self._finish_dots(n, f)
+                    self._sample_gradients(b, row0, n, f, blocks)
+            if cfg.compute_grad_value:
+                if scatter_terms == None:  # noqa: E711
+                    scatter_terms = self._scatter_terms(n, f)
+                self._scatter(b, n, blocks, c0, width, *scatter_terms)
+
+    def _load_grad(self, b: int, q0: int, n: int, blocks: int, c0: int, width: int) -> None:
+        """grad[j, blk, 0:width] = grad_output channels [c0, c0 + width) of partition j's (q, h)."""
+        cfg, p, t = self.cfg, self.p, self.t
         n_h, c_h, n_l = p.num_heads, p.head_dim, p.num_levels
         queries = n // cfg.groups
         grad_src = self.grad_flat.ap(
-            [[n_h * c_h, queries], [c_h, n_h], [0, n_l], [cfg.queries_per_block * n_h * c_h, blocks], [1, c_h]],
-            offset=(b * p.num_queries + q0) * n_h * c_h)
-        nisa.dma_copy(dst=t.grad[0:n, 0:blocks, :], src=grad_src)
-
-        smp.sample_terms(cfg, t, n, f, cfg.needs_gather, self.want_gsl)
-        if cfg.needs_gather:
-            self._gather_and_dots(b, n, blocks)
-            self._sample_gradients(b, row0, n, f, blocks)
-        if cfg.compute_grad_value:
-            self._scatter(b, n, f, blocks)
+            [[n_h * c_h, queries], [c_h, n_h], [0, n_l], [cfg.queries_per_block * n_h * c_h, blocks], [1, width]],
+            offset=(b * p.num_queries + q0) * n_h * c_h + c0)
+        nisa.dma_copy(dst=t.grad[0:n, 0:blocks, 0:width], src=grad_src)
 
     # ------------------------------------------------------------------ gathers
-    def _gather_block(self, b: int, n: int, blk: int) -> None:
-        """gathered[0:n, col, :] = value rows of the block's 4*N_p columns (or x-pairs)."""
+    def _gather_block(self, b: int, n: int, blk: int, c0: int, width: int) -> None:
+        """gathered[0:n, col, 0:width] = channels [c0, c0 + width) of the value rows of the
+        block's 4*N_p columns (or x-pairs)."""
         cfg, p, t = self.cfg, self.p, self.t
         cols = cfg.columns_per_block
         c_h = p.head_dim
-        base = b * cfg.rows_per_batch * c_h
+        base = b * cfg.rows_per_batch * c_h + c0
         gathered = t.gathered
         if cfg.gather_method == "transpose":
             gidx = t.gidx
             mg = cfg.gather_columns
             for g0 in range(0, cols, mg):
                 col0 = blk * cols + g0
-                for c0, c in cfg.channel_chunks:
+                for t0, c in cfg.transpose_chunks(width):
                     tr = t.transposed[0:c, 0:mg * PARTITIONS]
-                    src = self.value2d.ap([[c_h, mg * PARTITIONS], [1, c]], offset=base + c0,
+                    src = self.value2d.ap([[c_h, mg * PARTITIONS], [1, c]], offset=base + t0,
                                           vector_offset=gidx[0:PARTITIONS, col0:col0 + mg])
                     nisa.dma_transpose(dst=tr, src=src)
                     for k0 in range(0, mg, cfg.psum_columns):
@@ -310,7 +336,7 @@ class _BackwardKernel:
                         for k in range(k0, k1):
                             nisa.nc_transpose(dst=self.psum[0:PARTITIONS, k - k0, 0:c],
                                               data=tr[:, k * PARTITIONS:(k + 1) * PARTITIONS])
-                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, c0:c0 + c],
+                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
                                          src=self.psum[0:n, 0:k1 - k0, 0:c])
             return
         step = float(p.num_heads if p.value_layout == "BLNC" else 1)
@@ -320,36 +346,46 @@ class _BackwardKernel:
                 col = blk * (cols // 2) + pc
                 for j0 in range(0, n, cfg.gather_partitions):
                     j1 = min(n, j0 + cfg.gather_partitions)
-                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, c_h]], offset=base,
+                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, width]], offset=base,
                                           vector_offset=idx[j0:j1, col:col + 1])
-                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, :], src=src)
+                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, 0:width], src=src)
             return
         idx = t.gidx
         for tc in range(cols):
             col = blk * cols + tc
             for j0 in range(0, n, cfg.gather_partitions):
                 j1 = min(n, j0 + cfg.gather_partitions)
-                src = self.value2d.ap([[c_h, j1 - j0], [1, c_h]], offset=base, vector_offset=idx[j0:j1, col:col + 1])
-                nisa.dma_copy(dst=gathered[j0:j1, tc, :], src=src)
+                src = self.value2d.ap([[c_h, j1 - j0], [1, width]], offset=base,
+                                      vector_offset=idx[j0:j1, col:col + 1])
+                nisa.dma_copy(dst=gathered[j0:j1, tc, 0:width], src=src)
 
-    def _gather_and_dots(self, b: int, n: int, blocks: int) -> None:
-        """dc[j, sample, corner] = <grad_output row, value row of the corner> in fp32."""
+    def _gather_and_dots(self, b: int, n: int, blocks: int, c0: int, width: int, first: bool) -> None:
+        """Per-corner dot products <grad_output row, value row> over channels [c0, c0 + width),
+        in fp32: written by the first channel tile, added by the others (into ``dc``, or into
+        ``prod4`` per pair slot)."""
         cfg, p, t = self.cfg, self.p, self.t
         f = blocks * p.num_points
         cols = cfg.columns_per_block
-        if cfg.gather_pairs:
-            nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
-            dots = t.prod4
-        else:
-            nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])
-            dots = t.dc
+        dots = t.prod4 if cfg.gather_pairs else t.dc
+        if first:
+            if cfg.gather_pairs:
+                nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
+            else:
+                nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])
         for blk in range(blocks):
-            self._gather_block(b, n, blk)
-            work = t.work[0:n, :, :]
-            g = t.grad[0:n, blk:blk + 1, :].broadcast(1, cols)
-            nisa.tensor_tensor(dst=work, data1=t.gathered[0:n, :, :], data2=g, op=nl.multiply)
+            self._gather_block(b, n, blk, c0, width)
+            work = t.work[0:n, :, 0:width]
+            g = t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, cols)
+            nisa.tensor_tensor(dst=work, data1=t.gathered[0:n, :, 0:width], data2=g, op=nl.multiply)
             dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
-            nisa.tensor_reduce(dst=dst, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
+            part = dst if first else t.dot_part[0:n, :, :]
+            nisa.tensor_reduce(dst=part, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
+            if not first:
+                nisa.tensor_tensor(dst=dst, data1=dst, data2=part, op=nl.add)
+
+    def _finish_dots(self, n: int, f: int) -> None:
+        """dc[j, sample, corner]: the pair slot selected per corner, out-of-map corners zeroed."""
+        cfg, t = self.cfg, self.t
         if cfg.gather_pairs:  # dc_ab = D_a,slot(b): a bitwise select of the pair slot of corner b
             # (not (1 - sel) * D_a0 + sel * D_a1: the pair's other pixel need not be a corner,
             # and 0 * inf there would be NaN; a large value there would also cancel D_a1)
@@ -402,9 +438,10 @@ class _BackwardKernel:
                     nisa.dma_copy(dst=_rows_ap(out2d, prow, n, blocks, rpb), src=gsl[:, :, c])
 
     # ------------------------------------------------------------------ scatter
-    def _scatter(self, b: int, n: int, f: int, blocks: int) -> None:
-        cfg, p, t = self.cfg, self.p, self.t
-        cols = cfg.columns_per_block
+    def _scatter_terms(self, n: int, f: int):
+        """Per-corner (or per pair slot) scatter coefficients, validity bits and indices of
+        the super-tile; returns the (coef, bits) views that every channel tile's scatter reads."""
+        cfg, t = self.cfg, self.t
         coef = t.coef[0:n, 0:f, :]
         attn = t.attn[0:n, 0:f]
         nisa.tensor_tensor(dst=coef, data1=t.weights[0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
@@ -440,34 +477,41 @@ class _BackwardKernel:
         else:
             nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t.rows[0:n, 0:f, :], op0=nl.add, operand0=kscale)
             bits = t.vbits[0:n, 0:f, :]
+        return coef, bits
+
+    def _scatter(self, b: int, n: int, blocks: int, c0: int, width: int, coef, bits) -> None:
+        """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers."""
+        cfg, p, t = self.cfg, self.p, self.t
+        cols = cfg.columns_per_block
         step = p.num_heads if p.value_layout == "BLNC" else 1
         for blk in range(blocks):
-            work = t.work[0:n, :, :]
+            work = t.work[0:n, :, 0:width]
             points = slice(blk * p.num_points, (blk + 1) * p.num_points)
             cb = coef[:, points, :]
             work4 = work.reshape_dim(1, (p.num_points, 4))
             nisa.tensor_tensor(dst=work4,
-                               data1=cb.expand_dim(3).broadcast(3, p.head_dim),
-                               data2=t.grad[0:n, blk:blk + 1, :].broadcast(1, p.num_points)
+                               data1=cb.expand_dim(3).broadcast(3, width),
+                               data2=t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
                                .expand_dim(2).broadcast(2, 4),
                                op=nl.multiply)
             # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
-            crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, p.head_dim))
+            crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
             if cfg.scatter_pairs:
                 for pcol in range(cols // 2):
                     col = blk * (cols // 2) + pcol
                     for j0 in range(0, n, cfg.scatter_partitions):
                         j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t.work[j0:j1, 2 * pcol:2 * pcol + 2, :],
-                                          j1 - j0, step)
+                        self._scatter_one(b, t.sidx[j0:j1, col:col + 1],
+                                          t.work[j0:j1, 2 * pcol:2 * pcol + 2, 0:width], j1 - j0, step, c0, width)
             else:
                 for tc in range(cols):
                     col = blk * cols + tc
                     for j0 in range(0, n, cfg.scatter_partitions):
                         j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, :], j1 - j0, 0)
+                        self._scatter_one(b, t.sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, 0:width], j1 - j0, 0,
+                                          c0, width)
 
-    def _scatter_one(self, b, index_col, data, parts, pair_step) -> None:
+    def _scatter_one(self, b, index_col, data, parts, pair_step, c0, width) -> None:
         buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
         self.dma_count += 1
-        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step)
+        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step, c0, width)

@@ -166,3 +166,139 @@ def test_default_k_keeps_buffer_traffic_below_scatter_traffic():
     assert plan_backward(problem(), "bfloat16", lnc=2).num_buffers == 4  # upstream's K kept
     # a given buffer set fixes K (chunked calls with different N_q stay compatible)
     assert plan_backward(decoder, "bfloat16", lnc=2, buffers_per_core=4).num_buffers == 4
+
+
+# ------------------------------------------------------------------ channel tiles
+DETR_OP_LEVELS = ((6, 4), (3, 2))  # Deformable-DETR's own op test: N_h = 2, N_l = 2, N_p = 2
+
+
+def detr_problem(c_h: int, layout: str = "BLNC"):
+    return problem(n_q=2, n_h=2, c_h=c_h, n_p=2, shapes=DETR_OP_LEVELS, layout=layout)
+
+
+def _tile_names(cfg) -> set[str]:
+    return {name for name, _, _ in cfg.sbuf_tiles}
+
+
+def _tiles_cover_channels(cfg) -> None:
+    c_h = cfg.problem.head_dim
+    starts = [c0 for c0, _ in cfg.channel_tiles]
+    assert starts == list(range(0, c_h, cfg.channel_tile_width))
+    assert sum(c for _, c in cfg.channel_tiles) == c_h
+    assert all(0 < c <= cfg.channel_tile_width for _, c in cfg.channel_tiles)
+
+
+def test_one_channel_tile_whenever_the_whole_row_fits():
+    """Shapes that fitted before keep one full-width channel tile (the untiled kernel)."""
+    for c_h, n_p, dt in [(32, 8, "bfloat16"), (256, 8, "float32"), (144, 4, "float16"), (2048, 2, "float32")]:
+        cfg = plan_backward(problem(c_h=c_h, n_p=n_p), dt)
+        assert cfg.channel_tiles == ((0, c_h),) and cfg.channel_tile_width == c_h
+        assert "dot_part" not in _tile_names(cfg)
+        assert cfg.describe()["channel_tiles"] == 1
+
+
+@pytest.mark.parametrize("layout", ["BLNC", "BNLC"])
+def test_detr_3096_fp32_is_split_into_two_tiles(layout):
+    """The shape the untiled backward refused (235,952 B per partition) now fits in halves."""
+    cfg = plan_backward(detr_problem(3096, layout), "float32")
+    assert cfg.channel_tiles == ((0, 1548), (1548, 1548))
+    assert cfg.sbuf_bytes_per_partition <= TRN2_SBUF_BUDGET
+    assert "dot_part" in _tile_names(cfg)
+    shapes = {name: shape for name, shape, _ in cfg.sbuf_tiles}
+    assert shapes["grad"][-1] == shapes["work"][-1] == shapes["gathered"][-1] == 1548
+    # without the gathers there are no partial dot products to sum
+    assert "dot_part" not in _tile_names(plan_backward(detr_problem(3096), "float32",
+                                                       compute_grad_sampling_locations=False,
+                                                       compute_grad_attention_weights=False))
+
+
+@pytest.mark.parametrize("dt,method", [("float32", "copy"), ("bfloat16", "copy"), ("bfloat16", "transpose")])
+def test_tiling_starts_one_channel_past_the_largest_single_tile(dt, method):
+    def tiles(c_h):
+        return len(plan_backward(detr_problem(c_h), dt, gather_method=method).channel_tiles)
+
+    lo, hi = 1, 20_000  # the largest C_h with one tile lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if tiles(mid) == 1 else (lo, mid)
+    last = plan_backward(detr_problem(lo), dt, gather_method=method)
+    assert last.blocks_per_tile == 1  # one full-width tile is preferred to more blocks
+    first = plan_backward(detr_problem(lo + 1), dt, gather_method=method)
+    assert len(first.channel_tiles) == 2
+    for cfg in (last, first):
+        assert cfg.sbuf_bytes_per_partition <= TRN2_SBUF_BUDGET
+        _tiles_cover_channels(cfg)
+    if method == "transpose":  # every tile but the last is whole 128-channel transposes
+        assert first.channel_tile_width % 128 == 0
+    else:
+        assert first.channel_tile_width == -(-(lo + 1) // 2)
+
+
+def test_channel_tile_widths_and_transpose_chunks():
+    from nkilib_msda.experimental.deformable_attention.backward_config import (
+        BackwardConfig, _channel_tile_widths)
+
+    for c_h in (1, 7, 128, 129, 1000, 3096):
+        for method in ("copy", "transpose"):
+            widths = _channel_tile_widths(c_h, method)
+            assert widths[0] == c_h and widths[-1] == 1
+            assert all(a > b for a, b in zip(widths, widths[1:]))
+            if method == "transpose":
+                assert all(w % 128 == 0 for w in widths if 128 < w < c_h)
+    assert BackwardConfig.transpose_chunks(300) == ((0, 128), (128, 128), (256, 44))
+    assert BackwardConfig.transpose_chunks(40) == ((0, 40),)
+
+
+def test_narrow_transpose_tiles_shrink_the_gather_columns():
+    """Below 128 channels per tile the packet limit allows fewer index columns per DMA."""
+    p = problem(c_h=256, n_p=8)
+    wide = plan_backward(p, "bfloat16")
+    assert wide.gather_columns == 32
+    for budget in range(wide.sbuf_bytes_per_partition, 0, -2048):
+        cfg = plan_backward(p, "bfloat16", sbuf_budget=budget)
+        if cfg.channel_tile_width < 128:
+            break
+    assert cfg.sbuf_bytes_per_partition <= budget
+    assert cfg.gather_columns <= 64 // (128 // cfg.channel_tile_width)
+    assert all(c <= 128 for c0, c in cfg.transpose_chunks(cfg.channel_tile_width))
+
+
+def test_every_head_dim_the_forward_accepts_runs_backward():
+    """The forward's largest C_h (and the C_h of Deformable-DETR's op test) plan backward too."""
+    from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
+
+    def forward_fits(p, dt, method):
+        try:
+            plan_forward(p, dt, gather_method=method)
+            return True
+        except ValueError:
+            return False
+
+    for n_h, n_p, shapes in [(1, 1, ((4, 3),)), (2, 2, DETR_OP_LEVELS), (8, 4, S4), (8, 8, ((4, 3),))]:
+        for dt, method in [("float32", "copy"), ("bfloat16", "copy"), ("bfloat16", "transpose"),
+                           ("float16", "copy")]:
+            lo, hi = 1, 40_000  # the forward's largest C_h lies in [lo, hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                fits = forward_fits(problem(n_h=n_h, c_h=mid, n_p=n_p, shapes=shapes), dt, method)
+                lo, hi = (mid, hi) if fits else (lo, mid)
+            for c_h in (30, 71, 1025, 2048, 3096, lo):
+                p = problem(n_h=n_h, c_h=c_h, n_p=n_p, shapes=shapes)
+                if not forward_fits(p, dt, method):
+                    continue
+                for lnc in (1, 2):
+                    cfg = plan_backward(p, dt, lnc=lnc, gather_method=method)
+                    assert cfg.sbuf_bytes_per_partition <= TRN2_SBUF_BUDGET
+                    _tiles_cover_channels(cfg)
+
+
+def test_what_cannot_fit_names_the_points_limit():
+    p = problem(c_h=64, n_p=8)
+    budget = 27_000  # the fp32 reduction tiles alone take 24,576 B
+    with pytest.raises(ValueError, match=r"SBUF: .* over the budget 27,000 .*N_p = 8 .*at most N_p = ") as err:
+        plan_backward(p, "float32", sbuf_budget=budget)
+    limit = int(str(err.value).rsplit("at most N_p = ", 1)[1].split()[0])
+    assert 1 <= limit < 8
+    plan_backward(problem(c_h=64, n_p=limit), "float32", sbuf_budget=budget)
+    with pytest.raises(ValueError, match="SBUF"):
+        plan_backward(problem(c_h=64, n_p=limit + 1), "float32", sbuf_budget=budget)
