@@ -478,12 +478,13 @@ def plan_backward(
     # scatter plan
     cap = max_scatter_indices_per_indirect
     sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
-    if cap == None and buffers_per_core == None:  # noqa: E711
-        scatter_partitions = default_scatter_partitions(problem, lnc, sets, groups)
-    elif cap == None:  # noqa: E711
-        scatter_partitions = PARTITIONS  # the K of the given buffers
-        while scatter_partitions > 1 and -(-scatter_partitions // groups) > buffers_per_core:
-            scatter_partitions //= 2
+    if cap == None:  # noqa: E711
+        if buffers_per_core == None:  # noqa: E711
+            scatter_partitions = default_scatter_partitions(problem, lnc, sets, groups)
+        else:  # the K of the given buffers
+            scatter_partitions = PARTITIONS
+            while scatter_partitions > 1 and -(-scatter_partitions // groups) > buffers_per_core:
+                scatter_partitions //= 2
     else:
         scatter_partitions = _pow2_floor(min(cap, PARTITIONS))
     scatter_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
