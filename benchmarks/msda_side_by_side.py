@@ -8,7 +8,8 @@ caches the results as JSON (data only) and prints markdown tables:
    bound and what bounds each kernel, and a ranking stated only where it holds at both ends of
    the bands (``ours.high < aws.low`` or the reverse), otherwise "overlap"; with a saved
    baseline (``--save-baseline``: our cached runs' timing, kept under ``"baseline"`` in the
-   JSON before our kernels change), ours before next to ours now;
+   JSON before our kernels change; an entry's optional ``"note"``, such as "stale", is shown
+   next to its time), ours before next to ours now;
 2. what bounds each kernel: engine busy times (instruction counts where the timing model is
    absent), indirect-DMA descriptor counts and mean sizes, HBM bytes, DMA queue occupancy where
    the timing model exposes it.
@@ -318,6 +319,14 @@ def _status_note(record: dict[str, Any] | None) -> str:
     return " (".join(notes) + (")" if len(notes) > 1 else "")
 
 
+def _before_text(entry: dict[str, Any] | None) -> str:
+    """A baseline entry's nominal µs, with its note ("stale", ...) if it has one."""
+    if not entry:
+        return "-"
+    note = entry.get("note")
+    return _fmt_us(entry["timing"]["estimate_us"]) + (f" ({note})" if note else "")
+
+
 def _timing(record: dict[str, Any] | None) -> dict[str, Any] | None:
     if record is None or record.get("status") != "ok":
         return None
@@ -328,7 +337,8 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                        directions: list[str] = list(DIRECTIONS),
                        kernels: list[str] = list(KERNELS),
                        baseline: dict[str, Any] | None = None) -> str:
-    """Markdown: per shape, direction and LNC, ours before (``baseline``: run key -> timing),
+    """Markdown: per shape, direction and LNC, ours before (``baseline``: run key -> saved
+    entry, see save_baseline),
     both kernels' modelled bands, ratio, ratio to the lower bound and ranking."""
     baseline = baseline or {}
     lines = ["| shape | dir | LNC | ours before µs | ours µs [low–high] | AWS µs [low–high] "
@@ -346,8 +356,7 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                                 is not None else "-" for t in (to, ta))
                 to_lb = (f"{to['estimate_us'] / to['lower_bound_us']:.2f}"
                          if to and to.get("lower_bound_us") else "-")
-                before = baseline.get(run_key("ours", direction, shape, lnc))
-                before_text = _fmt_us(before["estimate_us"]) if before else "-"
+                before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
                 bound = " / ".join(str(t.get("bound_by")) if t else "-" for t in (to, ta))
                 notes = "; ".join(f"{who}: {_status_note(r)}" for who, kernel, r in
                                   (("ours", "ours", ours), ("AWS", "aws", aws))
@@ -380,8 +389,7 @@ def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
                 text = _fmt_us(t["estimate_us"]) if t else "-"
                 cells.append(text + (" (wrong result)" if note.startswith("WRONG") else ""))
             ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
-            before = baseline.get(run_key("ours", direction, shape, lnc))
-            before_text = _fmt_us(before["estimate_us"]) if before else "-"
+            before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
             lines.append(f"| {shape} | {direction} | {before_text} | {cells[0]} | {cells[1]} "
                          f"| {ratio} | {rank(to, ta)} |")
     return "\n".join(lines)
@@ -470,7 +478,7 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
            directions: list[str]) -> str:
     runs = results.get("runs", {})
     meta = results.get("meta", {})
-    baseline = {key: entry["timing"] for key, entry in results.get("baseline", {}).items()}
+    baseline = results.get("baseline", {})
     out = [f"Modelled Trn2 time (µs), emulator commit {meta.get('commit', '?')}, "
            f"{meta.get('date', '?')}: `{meta.get('command', '')}`", "",
            side_by_side_table(runs, shapes, lncs, directions, kernels, baseline), "",

@@ -104,8 +104,8 @@ def test_side_by_side_table_ratio_ranking_and_flags():
     assert fwd.split("|")[4].strip() == "-"                     # no baseline: no "before"
     with_before = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"],
                                          baseline={sbs.run_key("ours", "fwd", "basic", 1):
-                                                   _timing(120, 90, 150)})
-    assert with_before.splitlines()[2].split("|")[4].strip() == "120"
+                                                   {"timing": _timing(120, 90, 150), "note": "stale"}})
+    assert with_before.splitlines()[2].split("|")[4].strip() == "120 (stale)"
     bwd = rows[("basic", "bwd", "1")]
     assert "| 0.50 |" in bwd and "| overlap |" in bwd and "AWS: WRONG output" in bwd
     missing = rows[("basic", "fwd", "2")]
