@@ -41,6 +41,11 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   nothing (copy: only real rows are addressed; transpose: their indices are set out of
   bounds and the tile's indirect transposes use ``oob_mode.skip``).
 - Accumulation is fp32; the store DMA casts once to the value dtype.
+- **Pipelined order** (two copies of the per-tile buffers): tile i + 1 is prepared (loads,
+  coordinates, row indices, and on the transpose path its transposed index tile, one ScalarE
+  copy) before tile i is gathered and reduced, and the gather buffers rotate per DMA block.
+  Every engine runs in program order, so this order is what lets the software DGE (GpSimd)
+  and the DMA engines gather one block while Tensor/Vector work on the previous one.
 
 Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
 :func:`forward_config.plan_forward` before any instruction is emitted.
