@@ -553,8 +553,15 @@ def default_scatter_partitions(problem: MSDAProblem, lnc: int, sets: int, groups
     on a tie). Few queries on a large map (decoders) take fewer partitions and buffers than
     128 (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8); the encoder
     shapes take 128."""
-    candidates = [PARTITIONS >> i for i in range(PARTITIONS.bit_length())]
-    return min(candidates, key=lambda ps: (scatter_dma_cost(problem, lnc, sets, groups, ps), -ps))
+    # A plain loop: torch.compile traces the planners (no min(..., key=...) there).
+    best, best_cost = PARTITIONS, scatter_dma_cost(problem, lnc, sets, groups, PARTITIONS)
+    ps = PARTITIONS // 2
+    while ps >= 1:
+        cost = scatter_dma_cost(problem, lnc, sets, groups, ps)
+        if cost < best_cost:
+            best, best_cost = ps, cost
+        ps //= 2
+    return best
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:
