@@ -6,7 +6,10 @@ caches the results as JSON (data only) and prints markdown tables:
 
 1. the side by side: modelled estimate [low-high] of ours and AWS's, ours/AWS, the modelled lower
    bound and what bounds each kernel, and a ranking stated only where it holds at both ends of
-   the bands (``ours.high < aws.low`` or the reverse), otherwise "overlap";
+   the bands (``ours.high < aws.low`` or the reverse), otherwise "overlap"; with a saved
+   baseline (``--save-baseline``: our cached runs' timing, kept under ``"baseline"`` in the
+   JSON before our kernels change; an entry's optional ``"note"``, such as "stale", is shown
+   next to its time), ours before next to ours now;
 2. what bounds each kernel: engine busy times (instruction counts where the timing model is
    absent), indirect-DMA descriptor counts and mean sizes, HBM bytes, DMA queue occupancy where
    the timing model exposes it.
@@ -20,7 +23,7 @@ Usage::
 
     python benchmarks/msda_side_by_side.py --nki-library PATH [--shapes basic tsa-base ...]
         [--lnc 1 2] [--kernels ours aws] [--directions fwd bwd] [--json OUT] [--jobs N]
-        [--force] [--table-only]
+        [--force] [--table-only] [--save-baseline]
 """
 
 from __future__ import annotations
@@ -316,6 +319,14 @@ def _status_note(record: dict[str, Any] | None) -> str:
     return " (".join(notes) + (")" if len(notes) > 1 else "")
 
 
+def _before_text(entry: dict[str, Any] | None) -> str:
+    """A baseline entry's nominal µs, with its note ("stale", ...) if it has one."""
+    if not entry:
+        return "-"
+    note = entry.get("note")
+    return _fmt_us(entry["timing"]["estimate_us"]) + (f" ({note})" if note else "")
+
+
 def _timing(record: dict[str, Any] | None) -> dict[str, Any] | None:
     if record is None or record.get("status") != "ok":
         return None
@@ -324,11 +335,16 @@ def _timing(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                        directions: list[str] = list(DIRECTIONS),
-                       kernels: list[str] = list(KERNELS)) -> str:
-    """Markdown: per shape, direction and LNC, both kernels' modelled bands, ratio and ranking."""
-    lines = ["| shape | dir | LNC | ours µs [low–high] | AWS µs [low–high] | ours/AWS | ranking "
-             "| lower bound µs ours / AWS | bound by ours / AWS | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+                       kernels: list[str] = list(KERNELS),
+                       baseline: dict[str, Any] | None = None) -> str:
+    """Markdown: per shape, direction and LNC, ours before (``baseline``: run key -> saved
+    entry, see save_baseline),
+    both kernels' modelled bands, ratio, ratio to the lower bound and ranking."""
+    baseline = baseline or {}
+    lines = ["| shape | dir | LNC | ours before µs | ours µs [low–high] | AWS µs [low–high] "
+             "| ours/AWS | ranking | lower bound µs ours / AWS | ours / lower bound "
+             "| bound by ours / AWS | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
             for lnc in lncs:
@@ -338,21 +354,28 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                 ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
                 lb = " / ".join(_fmt_us(t["lower_bound_us"]) if t and t.get("lower_bound_us")
                                 is not None else "-" for t in (to, ta))
+                to_lb = (f"{to['estimate_us'] / to['lower_bound_us']:.2f}"
+                         if to and to.get("lower_bound_us") else "-")
+                before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
                 bound = " / ".join(str(t.get("bound_by")) if t else "-" for t in (to, ta))
                 notes = "; ".join(f"{who}: {_status_note(r)}" for who, kernel, r in
                                   (("ours", "ours", ours), ("AWS", "aws", aws))
                                   if kernel in kernels and _status_note(r))
-                lines.append(f"| {shape} | {direction} | {lnc} | {_fmt_band(to)} | {_fmt_band(ta)} "
-                             f"| {ratio} | {rank(to, ta)} | {lb} | {bound} | {notes} |")
+                lines.append(f"| {shape} | {direction} | {lnc} | {before_text} | {_fmt_band(to)} "
+                             f"| {_fmt_band(ta)} | {ratio} | {rank(to, ta)} | {lb} | {to_lb} "
+                             f"| {bound} | {notes} |")
     return "\n".join(lines)
 
 
 def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
-                  directions: list[str] = list(DIRECTIONS)) -> str:
-    """Markdown, one LNC (the README's short version): nominal µs of both kernels and the
-    ranking."""
-    lines = [f"| shape | dir | ours µs (LNC {lnc}) | AWS µs | ours/AWS | ranking over the band |",
-             "|---|---|---|---|---|---|"]
+                  directions: list[str] = list(DIRECTIONS),
+                  baseline: dict[str, Any] | None = None) -> str:
+    """Markdown, one LNC (the README's short version): nominal µs of ours before (``baseline``),
+    ours and AWS's, and the ranking."""
+    baseline = baseline or {}
+    lines = [f"| shape | dir | ours before µs (LNC {lnc}) | ours µs | AWS µs | ours/AWS "
+             "| ranking over the band |",
+             "|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
             ours = runs.get(run_key("ours", direction, shape, lnc))
@@ -366,8 +389,9 @@ def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
                 text = _fmt_us(t["estimate_us"]) if t else "-"
                 cells.append(text + (" (wrong result)" if note.startswith("WRONG") else ""))
             ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
-            lines.append(f"| {shape} | {direction} | {cells[0]} | {cells[1]} | {ratio} "
-                         f"| {rank(to, ta)} |")
+            before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
+            lines.append(f"| {shape} | {direction} | {before_text} | {cells[0]} | {cells[1]} "
+                         f"| {ratio} | {rank(to, ta)} |")
     return "\n".join(lines)
 
 
@@ -454,12 +478,13 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
            directions: list[str]) -> str:
     runs = results.get("runs", {})
     meta = results.get("meta", {})
+    baseline = results.get("baseline", {})
     out = [f"Modelled Trn2 time (µs), emulator commit {meta.get('commit', '?')}, "
            f"{meta.get('date', '?')}: `{meta.get('command', '')}`", "",
-           side_by_side_table(runs, shapes, lncs, directions, kernels), "",
+           side_by_side_table(runs, shapes, lncs, directions, kernels, baseline), "",
            bounds_table(runs, shapes, lncs, kernels, directions)]
     if 2 in lncs:
-        out += ["", compact_table(runs, shapes, 2, directions)]
+        out += ["", compact_table(runs, shapes, 2, directions, baseline)]
     missing = missing_runs(runs, shapes, lncs, kernels, directions)
     if missing:
         def note(key: str) -> str:
@@ -467,6 +492,24 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
             return key + (f" (~{est / 60:.0f} min of emulator time)" if est else "")
         out += ["", "PARTIAL: no result for " + ", ".join(note(k) for k in missing)]
     return "\n".join(out)
+
+
+def save_baseline(results: dict[str, Any], shapes: list[str], lncs: list[int],
+                  directions: list[str]) -> list[str]:
+    """Copy our cached runs' timing (with the commit they ran at) into ``results["baseline"]``,
+    the "ours before" column; returns the keys saved."""
+    baseline = results.setdefault("baseline", {})
+    saved = []
+    for shape in shapes:
+        for direction in directions:
+            for lnc in lncs:
+                key = run_key("ours", direction, shape, lnc)
+                timing = _timing(results["runs"].get(key))
+                if timing:
+                    baseline[key] = {"timing": timing,
+                                     "commit": results.get("meta", {}).get("commit", "?")}
+                    saved.append(key)
+    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--need-timing", action="store_true",
                         help="re-run cached results that have no modelled timing")
     parser.add_argument("--table-only", action="store_true", help="print the cached tables only")
+    parser.add_argument("--save-baseline", action="store_true",
+                        help="keep our cached runs' timing as the 'ours before' column, then exit")
     parser.add_argument("--worker", nargs=4, metavar=("KERNEL", "DIR", "SHAPE", "LNC"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -495,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.kernels is None:
         args.kernels = ["ours", "aws"] if args.nki_library else ["ours"]
+    if args.save_baseline:
+        results = load_results(Path(args.json))
+        saved = save_baseline(results, args.shapes, args.lnc, args.directions)
+        save_results(Path(args.json), results)
+        print(f"baseline: {len(saved)} runs of ours saved")
+        return 0
     if "aws" in args.kernels and not args.nki_library:
         parser.error("--kernels aws needs --nki-library PATH")
     results = load_results(Path(args.json)) if args.table_only else run_all(args)

@@ -16,6 +16,9 @@ Sources (official Neuron documentation; ``latest`` = Neuron 2.34 / NKI 0.8):
   ("The NeuronCore-v4 SBUF capacity is 32MiB (up from 28 MiB in NeuronCore-v3)").
 - LNC degree 1 or 2:
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/api/nki.lnc.html
+- 16 DMA engines per NeuronCore, a transfer's SBUF partitions spread over them 8 per engine:
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/nki-dma-bandwidth-guide.html
+  and https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/get-started/about/nki-dma-overview.html
 
 Assumptions (not stated as numbers in the docs): the runtime keeps 16 KiB per partition for
 dynamic-DMA scratch, so ``nl.tile_size.sbuf_fmax_bytes`` (usable SBUF per partition) is the
@@ -30,7 +33,7 @@ __all__ = [
     "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "MAX_LNC", "TARGETS", "DEFAULT_TARGET", "NEURON_CORES",
     "MATMUL_MAX_N_FP32", "SBUF_BYTES_PER_PARTITION", "RUNTIME_SBUF_RESERVE_BYTES",
     "USABLE_SBUF_BYTES", "PLANNER_SBUF_RESERVE_BYTES", "PLANNER_SBUF_BUDGET",
-    "planner_sbuf_budget",
+    "planner_sbuf_budget", "DMA_ENGINES", "PARTITIONS_PER_DMA_ENGINE",
 ]
 
 KIB = 1024
@@ -49,6 +52,8 @@ FP32_EXACT_INT_MAX = 1 << 24
 DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2,
                "uint16": 2, "int16": 2, "uint8": 1, "int8": 1}
 MAX_LNC = 2                            # the Neuron SDK supports LNC degree 1 or 2
+DMA_ENGINES = 16                       # DMA engines per NeuronCore
+PARTITIONS_PER_DMA_ENGINE = 8          # engine e moves SBUF partitions 8e .. 8e + 7
 
 TARGETS = ("trn2", "trn3")
 DEFAULT_TARGET = "trn2"

@@ -100,6 +100,12 @@ def test_side_by_side_table_ratio_ranking_and_flags():
     fwd = rows[("basic", "fwd", "1")]
     assert "50.0 [40.0–60.0]" in fwd and "200 [150–300]" in fwd
     assert "| 0.25 |" in fwd and "| ours faster |" in fwd and "30.0 / 90.0" in fwd
+    assert "| 1.67 |" in fwd                                   # ours / its lower bound
+    assert fwd.split("|")[4].strip() == "-"                     # no baseline: no "before"
+    with_before = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"],
+                                         baseline={sbs.run_key("ours", "fwd", "basic", 1):
+                                                   {"timing": _timing(120, 90, 150), "note": "stale"}})
+    assert with_before.splitlines()[2].split("|")[4].strip() == "120 (stale)"
     bwd = rows[("basic", "bwd", "1")]
     assert "| 0.50 |" in bwd and "| overlap |" in bwd and "AWS: WRONG output" in bwd
     missing = rows[("basic", "fwd", "2")]
@@ -138,7 +144,7 @@ def test_compact_table_one_lnc():
             sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(1, 1, 1))}
     lines = sbs.compact_table(runs, ["basic"], 2, ["fwd", "bwd"]).splitlines()
     assert len(lines) == 3  # header, rule, one row (no bwd data)
-    assert lines[2] == "| basic | fwd | 40.0 | 160 (wrong result) | 0.25 | overlap |"
+    assert lines[2] == "| basic | fwd | - | 40.0 | 160 (wrong result) | 0.25 | overlap |"
 
 
 def test_estimated_wall_time_of_a_missing_run_scales_with_samples():
@@ -158,3 +164,23 @@ def test_status_note_flags_wrong_results_and_hazards_only():
     assert sbs._status_note(rec) == ""
     assert sbs._status_note({"status": "timeout"}) == "timeout"
     assert sbs._status_note(None) == "not run"
+
+
+def test_save_baseline_keeps_ours_timing_for_the_before_column(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    runs = {sbs.run_key("ours", "fwd", "basic", 2): _record("ours", "fwd", "basic", 2, _timing(80, 60, 90)),
+            sbs.run_key("aws", "fwd", "basic", 2): _record("aws", "fwd", "basic", 2, _timing(160, 45, 300))}
+    path.write_text(json.dumps({"meta": {"commit": "abc1234"}, "runs": runs}))
+    assert sbs.main(["--save-baseline", "--json", str(path), "--shapes", "basic"]) == 0
+    saved = json.loads(path.read_text())
+    assert set(saved["baseline"]) == {"ours/fwd/basic/lnc2"}            # ours only, runs kept
+    assert saved["baseline"]["ours/fwd/basic/lnc2"]["commit"] == "abc1234"
+    assert saved["runs"] == runs
+    # Ours improves: the tables show the saved time as "before".
+    saved["runs"]["ours/fwd/basic/lnc2"]["timing"] = _timing(40, 30, 50)
+    path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    sbs.main(["--table-only", "--json", str(path), "--shapes", "basic", "--lnc", "2",
+              "--directions", "fwd"])
+    out = capsys.readouterr().out
+    assert "| basic | fwd | 80.0 | 40.0 | 160 | 0.25 | overlap |" in out

@@ -134,3 +134,50 @@ def test_hwdge_dma_costs_600_ns_on_its_queue_and_swdge_charges_gpsimd():
     busy = _busy(gather, table, rows)
     # software DGE on GpSimd: swdge_fixed_ns + 128 descriptors x swdge_descriptor_ns
     assert busy["gpsimd"] * 1e3 == pytest.approx(300.0 + 128 * 2.0)
+
+
+def _descriptor_ns_per_ns(body, *arrays, param="dma_descriptor_ns"):
+    """Modelled ns added per ns of one per-descriptor parameter (the critical path's
+    descriptors per DMA engine)."""
+    *_, report = in_kernel(body, *arrays, report=True)
+    t = report.timing
+    return (t.evaluate({param: 101.0}) - t.evaluate({param: 1.0})) * 1e3 / 100.0
+
+
+def test_dma_transpose_descriptors_follow_the_source_rows_not_its_elements():
+    # The architecture guide prices a DMA transpose as a share of DMA throughput (0.9 from
+    # HBM); its descriptors are those of the source rows as stored, whether or not the
+    # source block is contiguous in HBM (the old rule charged one per 2-byte element).
+    wide = _x((128, 1024), BF16)
+
+    def strided(h):  # 128 source rows of 64 elements, 128 B each, inside 2 KiB rows
+        t = nl.ndarray((64, 128), h.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=h[0:128, 0:64])
+        return store(t)
+
+    def contiguous(h):
+        t = nl.ndarray((64, 128), h.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=h)
+        return store(t)
+
+    # 64 destination partitions use DMA engines 0..7; the store back is one descriptor per
+    # partition row (64 / 8 = 8 per engine); the strided source has 128 rows (16 per engine)
+    assert _descriptor_ns_per_ns(strided, wide) == pytest.approx(16 + 8)
+    assert _descriptor_ns_per_ns(contiguous, np.ascontiguousarray(wide[:, :64])) == \
+        pytest.approx(8 + 8)
+
+
+def test_indirect_dma_transpose_descriptors_are_its_gathered_rows():
+    table = _x((500, 48), BF16)
+    rows = RNG.integers(0, 500, (128, 1)).astype(np.uint32)
+
+    def gather_transpose(v, ix):
+        i = load(ix)
+        t = nl.ndarray((48, 128), v.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=v.ap([[48, 128], [1, 48]], vector_offset=i))
+        return store(t)
+
+    # 128 gathered rows (one descriptor each) over the 6 DMA engines of 48 partitions
+    per_ns = _descriptor_ns_per_ns(gather_transpose, table, rows,
+                                   param="dma_indirect_descriptor_ns")
+    assert per_ns == pytest.approx(128 / 6)

@@ -35,9 +35,10 @@ One ``dma_compute`` scatter-RMW covers a partition slice [j0, j0+P_s) (P_s a pow
 dividing 128: ``max_scatter_indices_per_indirect`` <= 128 sets it) of one block, one index
 per partition. Partition j adds into buffer ``k(j) = floor((j - j0)/G)``, so
 ``K = ceil(P_s/G)`` (P_s = 128: N_h=8, N_l=4 gives K=4; N_h=4, N_l=4 gives K=8, as upstream).
-With no cap, P_s is the largest power of two whose K keeps the buffers' zero + reduce bytes
-at most the scatter's RMW bytes (:func:`default_buffer_limit`; e.g. K = 1 for a 900-query
-decoder on a 200x200 map), or the K of a given ``grad_value_buffers_in``. Proof that the
+With no cap, P_s is the power of two whose estimated DMA work (buffers' zero + reduce
+bytes against the scatter's serial read-modify-writes, :func:`scatter_dma_cost`) is
+least (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8), or the K
+of a given ``grad_value_buffers_in``. Proof that the
 targets ``k*R + row`` (``0 <= row < R = L*N_h``) of one instruction are distinct: equal k
 means floor((j1-j0)/G) = floor((j2-j0)/G), so 0 < |j1 - j2| < G and the two partitions carry
 different (h, l) (blocks start at multiples of G). Different h: BLNC rows differ mod N_h,
@@ -73,7 +74,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from nkilib_msda.hardware import (
-    DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET,
+    DMA_ENGINES, DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS,
+    PARTITIONS_PER_DMA_ENGINE, PLANNER_SBUF_BUDGET,
     PSUM_BANK_BYTES)
 from nkilib_msda.validation.msda import MSDAProblem
 
@@ -86,6 +88,29 @@ GATHER_METHODS = ("transpose", "copy")
 REDUCE_FREE_ELEMENTS = 2048  # fp32 elements per partition in one zero / reduce tile
 # Upstream's DMA-transpose packet limit: at most 64 // r index columns per transpose, r = 128 / min(C_h, 128).
 TRANSPOSE_PACKET_COLUMNS = 64
+# Assumed DMA cost of one scatter descriptor beyond its bytes, in bytes an engine streams in
+# that time: unpublished. The timing model's nominal per-descriptor cost of small indirect
+# rows (40 ns) at one engine's 23 B/ns (nki-dma-bandwidth-guide.html) is about 920 B.
+SCATTER_DESCRIPTOR_OVERHEAD_BYTES = 1024
+# Transpose gathers: copies of the transposed tile, so the gather of the next index columns
+# overlaps the PE transposes of the previous ones.
+GATHER_TRANSPOSE_BUFS = 2
+
+
+def gather_band(channels: int) -> int:
+    """Partitions per band of a transpose gather of ``channels`` channels: the gather's index
+    columns are split over ``128 // band`` indirect transposes into partitions [j * band,
+    j * band + channels), so they use the DMA engines of all 128 partitions (engine e serves
+    partitions 8e..8e+7) instead of those of the first ``channels``. Bands start at 0/32/64/96
+    (<= 32 partitions) or 0/64 (<= 64): the starts the PE transpose may read from."""
+    return 32 if channels <= 32 else 64 if channels <= 64 else PARTITIONS
+
+
+def gather_split(gather_columns: int, channels: int) -> tuple[int, int]:
+    """(band, m): transpose j of a gather takes index columns [j * m, min(M_g, (j + 1) * m))
+    into partitions [j * band, j * band + channels); m = ceil(M_g / (128 // band))."""
+    band = gather_band(channels)
+    return band, -(-gather_columns // (PARTITIONS // band))
 
 
 def _pow2_floor(n: int) -> int:
@@ -309,8 +334,9 @@ def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int,
         ]
         if tiled:
             tiles.append(("dot_part", (n_p, 4), "float32"))
-        if gather_method == "transpose":  # partitions = channels, free = M_g*128 gathered rows
-            tiles.append(("transposed", (gather_columns * PARTITIONS,), value_dtype))
+        if gather_method == "transpose":  # bands of channels x m*128 gathered rows, 2 copies
+            m = max(gather_split(gather_columns, c)[1] for _, c in _transpose_chunks(width))
+            tiles.append(("transposed", (GATHER_TRANSPOSE_BUFS, m * PARTITIONS), value_dtype))
     if want_value:
         tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32")]
     tiles += [
@@ -454,10 +480,12 @@ def plan_backward(
     cap = max_scatter_indices_per_indirect
     sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
     if cap == None:  # noqa: E711
-        k_limit = default_buffer_limit(problem, lnc, sets) if buffers_per_core == None else buffers_per_core  # noqa: E711
-        scatter_partitions = PARTITIONS
-        while scatter_partitions > 1 and -(-scatter_partitions // groups) > k_limit:
-            scatter_partitions //= 2
+        if buffers_per_core == None:  # noqa: E711
+            scatter_partitions = default_scatter_partitions(problem, lnc, sets, groups)
+        else:  # the K of the given buffers
+            scatter_partitions = PARTITIONS
+            while scatter_partitions > 1 and -(-scatter_partitions // groups) > buffers_per_core:
+                scatter_partitions //= 2
     else:
         scatter_partitions = _pow2_floor(min(cap, PARTITIONS))
     scatter_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
@@ -499,16 +527,42 @@ def plan_backward(
         sbuf_tiles=tiles)
 
 
-def default_buffer_limit(problem: MSDAProblem, lnc: int, sets: int) -> int:
-    """Largest K whose zeroing + reduction bytes do not exceed the scatter's RMW bytes.
+def scatter_dma_cost(problem: MSDAProblem, lnc: int, sets: int, groups: int,
+                     scatter_partitions: int) -> float:
+    """Estimated DMA-engine work of the grad_value path of one core, in bytes streamed by one
+    DMA engine (lower is faster): zeroing and reducing the K = ceil(P_s / G) buffers of each
+    set, spread over all DMA engines, plus the scatter, whose read-modify-write instructions
+    into one buffer set follow each other (each may touch the rows of the previous one) and
+    so use only the ceil(P_s / 8) engines of their partitions (of every set, round robin).
 
-    Buffers cost 2 * 4 B * lnc*sets*K * B*L*N_h*C_h (zero, then read once); the scatter moves
-    2 * 4 B * 4 corners * C_h per sample, B*N_q*N_h*N_l*N_p samples. Equal when
-    K = 4*N_q*N_l*N_p / (lnc*sets*L). Few queries on large maps (decoders) thus get K = 1
-    (fewer partitions per scatter instead of K full-size buffers).
+    Buffers: 2 * 4 B * sets * K * B * L * N_h * C_h (zero, then read once). Scatter: 4
+    descriptors of 4 * C_h bytes per sample (x-pairs are two runs), B*N_q*N_h*N_l*N_p / lnc
+    samples, each read and written plus SCATTER_DESCRIPTOR_OVERHEAD_BYTES.
     """
-    k = (4 * problem.num_queries * problem.num_levels * problem.num_points) // (lnc * sets * problem.total_pixels)
-    return max(1, k)
+    p = problem
+    k = -(-scatter_partitions // groups)
+    rows = p.batch * p.total_pixels * p.num_heads
+    buffers = 2 * 4 * sets * k * rows * p.head_dim / DMA_ENGINES
+    descriptors = 4 * p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points / lnc
+    engines = min(DMA_ENGINES, -(-scatter_partitions // PARTITIONS_PER_DMA_ENGINE) * sets)
+    scatter = descriptors * (2 * 4 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / engines
+    return buffers + scatter
+
+
+def default_scatter_partitions(problem: MSDAProblem, lnc: int, sets: int, groups: int) -> int:
+    """P_s with no cap: the power of two <= 128 of least :func:`scatter_dma_cost` (the larger
+    on a tie). Few queries on a large map (decoders) take fewer partitions and buffers than
+    128 (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8); the encoder
+    shapes take 128."""
+    # A plain loop: torch.compile traces the planners (no min(..., key=...) there).
+    best, best_cost = PARTITIONS, scatter_dma_cost(problem, lnc, sets, groups, PARTITIONS)
+    ps = PARTITIONS // 2
+    while ps >= 1:
+        cost = scatter_dma_cost(problem, lnc, sets, groups, ps)
+        if cost < best_cost:
+            best, best_cost = ps, cost
+        ps //= 2
+    return best
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

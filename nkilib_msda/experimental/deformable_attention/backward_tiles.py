@@ -61,7 +61,7 @@ class BackwardTiles:
     gsl: Any = None
     dot_part: Any = None       # (N_p, 4) fp32: one block's dots over one channel tile (C_t < C_h)
     grad_scale: Any = None     # (3,) fp32: 2^-k, 2^k, running max|g| per partition (row scaling)
-    transposed: Any = None
+    transposed: Any = None     # list of GATHER_TRANSPOSE_BUFS (m*128,) tiles, used in turn
     psum: Any = None           # PSUM (psum_columns, min(C_t, 128)) in the value dtype
     # scatter (None unless grad_value is wanted)
     sidx: Any = None
@@ -76,6 +76,9 @@ class BackwardTiles:
 
 
 _FIELDS = frozenset(f.name for f in fields(BackwardTiles))
+# Tiles listed as (copies, ...) in the plan and allocated as that many separate tiles (the
+# kernel uses them in turn; separate allocations keep their accesses independent).
+_ROTATED = frozenset({"transposed"})
 
 
 def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:
@@ -84,6 +87,10 @@ def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:
     for name, shape, dtype in cfg.sbuf_tiles:
         if name not in _FIELDS:
             raise ValueError(f"backward plan: tile {name!r} has no BackwardTiles field")
+        if name in _ROTATED:
+            made[name] = [nl.ndarray((PARTITIONS,) + tuple(shape[1:]), dtype=getattr(nl, dtype),
+                                     buffer=nl.sbuf, name=f"{name}{i}") for i in range(shape[0])]
+            continue
         made[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype),
                                 buffer=nl.sbuf, name=name)
     if cfg.gather_method == "transpose" and cfg.needs_gather:

@@ -11,12 +11,23 @@ unit-tested) in plain Python:
 
 - coordinate scratch (single-buffered): ``COORD_SCRATCH_WORDS * n`` 4-byte words, ``n`` =
   samples per partition;
-- per-tile buffers (``tile_bufs`` copies): uint32 row indices and fp32 corner weights
-  (``4 n`` words each) and the fp32 accumulator ``(S, C_h)``;
+- per-tile buffers (``tile_bufs`` copies): fp32 corner weights and int32 corner bits
+  (``4 n`` words each), the fp32 accumulator ``(S, C_h)``, and the row indices: uint32
+  ``4 n`` words on the copy path; on the transpose path the indices of every DMA block of
+  the tile, already in the order the indirect transposes read them (``index_words``), while
+  the natural-order row indices are single-buffered scratch;
 - gather buffers (``gather_bufs`` copies): the gathered rows (copy path: ``(group_cols, C_h)``
-  in the value dtype; transpose path: one ``(stack * C_t, dma_cols / stack * 128)``
-  transposed block per channel tile) and the fp32 weighted product ``(group_cols, C_h)``
-  that one ``tensor_reduce`` folds into the accumulator;
+  in the value dtype, one per reduce group; transpose path: one
+  ``(stack * C_t, dma_cols / stack * 128)`` transposed block per channel tile, one per DMA
+  block) and the fp32 weighted product ``(group_cols, C_h)`` that one ``tensor_reduce``
+  folds into the accumulator;
+
+*Pipelining* (``tile_bufs >= 2``): the kernel prepares tile i + 1 (parameter loads,
+coordinates, row indices) before it gathers and reduces tile i, and rotates the gather
+buffers per DMA block, so that the gathers (software DGE on GpSimd, then the DMA engines)
+of one block overlap the Tensor/Vector work of the previous one and the next tile's
+coordinate math; the engines run their instructions in program order, so this order is
+what lets them overlap.
 - PSUM (transpose path): ``psum_bufs`` bank-sized blocks of ``psum_cols`` un-transposed
   columns ``(128, psum_cols, C_h)`` in the value dtype.
 
@@ -54,7 +65,11 @@ __all__ = [
 # The planners' one SBUF budget (nkilib_msda.hardware): trn2 usable SBUF minus the reserve.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 TRANSPOSE_MAX_CHANNELS = DMA_TRANSPOSE_MAX_FREE  # indirect dma_transpose: src.shape[-1] <= 128
-DEFAULT_DMA_COLS = 32             # index columns per indirect dma_transpose (4096 indices)
+# Index columns per indirect dma_transpose (1,024 indices). Smaller instructions start the
+# DMA engines sooner after a tile's indices are ready (the software DGE builds one
+# instruction's descriptors before its transfer starts); below 8 the per-instruction DGE
+# cost makes GpSimd the bottleneck (modelled: docs/performance.md, issue 21 levers).
+DEFAULT_DMA_COLS = 8
 MAX_Q_PACK = 8
 PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce group
 # Coordinate-phase scratch, in 4-byte words per sample: locations (2), attention (1), NaN
@@ -176,6 +191,39 @@ class ForwardConfig:
         """Split columns [col0, col0 + cols) into (start, count) blocks of <= block."""
         return tuple((c, min(block, col0 + cols - c)) for c in range(col0, col0 + cols, block))
 
+    def dma_blocks(self, q_pack: int) -> tuple[tuple[int, int], ...]:
+        """Every DMA block ``(d0, dn)`` of a tile, group by group in column order; block ``i``
+        keeps its transposed indices at ``i * index_region`` of the tile's index tile."""
+        return tuple(blk for grp in self.reduce_groups(q_pack)
+                     for blk in self.blocks(grp.col0, grp.cols, self.dma_cols))
+
+    @property
+    def index_region(self) -> int:
+        """uint32 words of one DMA block's transposed indices: ``stack`` contiguous
+        ``[128, dma_cols_per_instruction]`` index tiles."""
+        return self.stack * self.dma_cols_per_instruction
+
+    def index_words(self, q_pack: int) -> int:
+        """uint32 words per partition of a tile's transposed indices (transpose path):
+        ``len(dma_blocks(q_pack)) * index_region``, counted without listing the blocks."""
+        def blocks(cols: int) -> int:
+            return -(-cols // self.dma_cols)
+
+        cps, slots, group = self.cols_per_slot, self.slots(q_pack), self.group_cols_max
+        if group >= cps:
+            full, rest = divmod(slots, group // cps)
+            count = full * blocks(group // cps * cps) + (blocks(rest * cps) if rest else 0)
+        else:
+            full, rest = divmod(cps, group)
+            count = slots * (full * blocks(group) + (blocks(rest) if rest else 0))
+        return count * self.index_region
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the kernel prepares tile i + 1 (coordinates, indices) before it gathers and
+        reduces tile i: needs two copies of the per-tile buffers."""
+        return self.tile_bufs >= 2
+
     # -- budgets ---------------------------------------------------------------------------
     def sbuf_buffers(self) -> dict[str, tuple[int, int]]:
         """name -> (bytes per partition of one copy, copies) for every SBUF allocation."""
@@ -186,7 +234,9 @@ class ForwardConfig:
             "coord_scratch": (COORD_SCRATCH_WORDS * n * 4, 1),
             "head_offsets": (self.slots(self.q_pack) * 8, 1),
             "padding_marks": (8 if self.gather_method == "transpose" else 0, 1),
-            "indices": (4 * n * 4, self.tile_bufs),
+            # Transpose path: the row indices are read only while preparing the tile (into
+            # the per-tile transposed index tile), so one copy serves every tile.
+            "indices": (4 * n * 4, self.tile_bufs if self.gather_method == "copy" else 1),
             "weights": (4 * n * 4, self.tile_bufs),
             "corner_bits": (4 * n * 4, self.tile_bufs),
             "accumulator": (self.slots(self.q_pack) * c * 4, self.tile_bufs),
@@ -198,8 +248,7 @@ class ForwardConfig:
         else:
             out["gathered_t"] = (len(self.channel_tiles) * self.dma_cols_per_instruction
                                  * PARTITIONS * self.value_bytes, self.gather_bufs)
-            out["transpose_indices"] = (self.stack * self.dma_cols_per_instruction * 4,
-                                        self.gather_bufs)
+            out["transpose_indices"] = (self.index_words(self.q_pack) * 4, self.tile_bufs)
         return out
 
     @property

@@ -41,6 +41,11 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   nothing (copy: only real rows are addressed; transpose: their indices are set out of
   bounds and the tile's indirect transposes use ``oob_mode.skip``).
 - Accumulation is fp32; the store DMA casts once to the value dtype.
+- **Pipelined order** (two copies of the per-tile buffers): tile i + 1 is prepared (loads,
+  coordinates, row indices, and on the transpose path its transposed index tile, one ScalarE
+  copy) before tile i is gathered and reduced, and the gather buffers rotate per DMA block.
+  Every engine runs in program order, so this order is what lets the software DGE (GpSimd)
+  and the DMA engines gather one block while Tensor/Vector work on the previous one.
 
 Tiling (q_pack, block sizes, buffer counts, SBUF budget) comes from
 :func:`forward_config.plan_forward` before any instruction is emitted.
@@ -107,8 +112,9 @@ class _Buffers:
         self.factors = nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name="factors")
         self.head_off = nl.ndarray((PARTITIONS, slots), dtype=f32, buffer=sb, name="head_off")
         self.head_ints = nl.ndarray((PARTITIONS, slots), dtype=i32, buffer=sb, name="head_ints")
+        row_copies = cfg.tile_bufs if cfg.gather_method == "copy" else 1
         self.rows = [nl.ndarray((PARTITIONS, 4 * n), dtype=nl.uint32, buffer=sb, name=f"rows{i}")
-                     for i in range(cfg.tile_bufs)]
+                     for i in range(row_copies)]
         self.weights = [nl.ndarray((PARTITIONS, 4 * n), dtype=f32, buffer=sb, name=f"wts{i}")
                         for i in range(cfg.tile_bufs)]
         self.bits = [nl.ndarray((PARTITIONS, 4 * n), dtype=i32, buffer=sb, name=f"bits{i}")
@@ -132,9 +138,9 @@ class _Buffers:
             self.psum = [nl.ndarray((PARTITIONS, cfg.psum_cols * c), dtype=value_dtype,
                                     buffer=nl.psum, name=f"untransposed{i}")
                          for i in range(cfg.psum_bufs)]
-            self.tidx = [nl.ndarray((PARTITIONS, cfg.stack * cfg.dma_cols_per_instruction),
+            self.tidx = [nl.ndarray((PARTITIONS, cfg.index_words(cfg.q_pack)),
                                     dtype=nl.uint32, buffer=sb, name=f"tidx{i}")
-                         for i in range(cfg.gather_bufs)]
+                         for i in range(cfg.tile_bufs)]
             self.pad = nl.ndarray((PARTITIONS, 1), dtype=f32, buffer=sb, name="pad")
             self.pad_ints = nl.ndarray((PARTITIONS, 1), dtype=i32, buffer=sb, name="pad_ints")
 
@@ -160,9 +166,9 @@ def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, bits: Any, cfg: Fo
     smp.corner_weights(weights, buf.factors, buf.att, n)
 
 
-def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any, bits: Any,
+def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: Any,
                       cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
-                      psum_counter: list, oob: Any) -> None:
+                      counters: dict, oob: Any) -> None:
     """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (transpose path).
 
     Per DMA block [d0, d0 + dn) and channel tile: ``stack`` indirect transposes, transpose j
@@ -171,27 +177,32 @@ def _gather_transpose(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: A
     multiply by the broadcast corner weights per PSUM block, then the bitwise corner mask
     (an invalid corner contributes +0.0 whatever its clamped pixel holds). ``oob``:
     oob_mode.skip for ragged tiles, whose padded rows hold an out-of-range index (see
-    mark_padded_rows). Each transpose's indices are first copied into a contiguous
-    [128, m] uint32 tile (transpose_indices).
+    mark_padded_rows). ``tidx``: the tile's transposed indices, DMA block ``i`` of the tile
+    at ``i * index_region`` (transpose_tile_indices). ``counters``: the running DMA-block and
+    PSUM-block counts that rotate the gather and PSUM buffers (per block, across groups and
+    tiles, so a block's gather never waits for the previous block's buffer).
     """
     c = cfg.problem.head_dim
     stack = cfg.stack
     width = cfg.dma_cols_per_instruction
-    tidx = buf.tidx[gbuf]
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
-        smp.transpose_indices(tidx, rows, d0, dn, stack, width)
+        gbuf = counters["block"] % cfg.gather_bufs
+        counters["block"] += 1
+        region = counters["tile_block"] * cfg.index_region
+        counters["tile_block"] += 1
         for t, (c0, c1) in enumerate(cfg.channel_tiles):
             ct = c1 - c0
             for j in range(min(stack, dn)):
                 m = (dn - j + stack - 1) // stack
                 src = value_rows.ap([[c, m * PARTITIONS], [1, ct]], offset=batch_offset + c0,
-                                    vector_offset=smp.tile_view(tidx, [[1, m]], offset=j * width))
+                                    vector_offset=smp.tile_view(tidx, [[1, m]],
+                                                                offset=region + j * width))
                 dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
                                     first_partition=j * ct)
                 nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
         for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
-            ps = buf.psum[psum_counter[0] % cfg.psum_bufs]
-            psum_counter[0] += 1
+            ps = buf.psum[counters["psum"] % cfg.psum_bufs]
+            counters["psum"] += 1
             for s0 in range(k0, k0 + kn, stack):
                 f = min(stack, k0 + kn - s0)
                 i = (s0 - d0) // stack
@@ -247,6 +258,50 @@ def _reduce_group(buf: _Buffers, prod: Any, acc: Any, cfg: ForwardConfig, grp: A
     piece = smp.tile_view(buf.piece_sum, [[c, 1], [1, c]], parts=parts)
     nisa.tensor_reduce(dst=piece, op=nl.add, data=data, axis=3)
     nisa.tensor_tensor(dst=target, data1=target, data2=piece, op=nl.add)
+
+
+def _prepare_tile(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, tile: Any,
+                  locations: Any, attention_weights: Any, oob_row: float) -> None:
+    """Tile ``index``'s corner weights, bits and row indices into its per-tile buffers; on the
+    transpose path the indices end in the order the gathers read them (tidx)."""
+    slot = index % cfg.tile_bufs
+    rows = buf.rows[slot % len(buf.rows)]
+    _coordinate_phase(buf, rows, buf.weights[slot], buf.bits[slot], cfg, locations,
+                      attention_weights, b, tile)
+    if cfg.gather_method != "transpose":
+        return
+    # The transpose path needs 128-row index blocks, so a ragged tile marks its padded rows
+    # out of bounds and its indirect transposes skip them.
+    if tile.partitions < PARTITIONS:
+        smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions,
+                             4 * cfg.samples(tile.q_pack), oob_row)
+    smp.transpose_tile_indices(buf.tidx[slot], rows, cfg.dma_blocks(tile.q_pack), cfg.stack,
+                               cfg.dma_cols_per_instruction)
+
+
+def _gather_and_reduce(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, tile: Any,
+                       value_rows: Any, rows_per_batch: int, counters: dict, out: Any) -> None:
+    """Gather, weight and sum the corners of prepared tile ``index``; store its output rows."""
+    p = cfg.problem
+    slot = index % cfg.tile_bufs
+    weights, bits, acc = buf.weights[slot], buf.bits[slot], buf.acc[slot]
+    batch_offset = b * rows_per_batch * p.head_dim
+    transpose = cfg.gather_method == "transpose"
+    # One-column copies gather only the real partitions.
+    parts = PARTITIONS if transpose else tile.partitions
+    oob = nisa.oob_mode.skip if tile.partitions < PARTITIONS else nisa.oob_mode.error
+    counters["tile_block"] = 0
+    for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
+        gbuf = gi % cfg.gather_bufs
+        prod = buf.prod[gbuf]
+        if transpose:
+            _gather_transpose(buf, buf.tidx[slot], prod, weights, bits, cfg, value_rows,
+                              batch_offset, grp, counters, oob)
+        else:
+            _gather_copy(buf, gbuf, prod, buf.rows[slot], weights, bits, cfg, value_rows,
+                         batch_offset, grp, parts)
+        _reduce_group(buf, prod, acc, cfg, grp, parts)
+    smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)
 
 
 @nki.jit
@@ -337,35 +392,15 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             for gt in per_channel_tile:
                 nisa.memset(gt, 0.0)
     oob_row = smp.padding_row(p.batch * rows_per_batch)
-    psum_counter = [0]
-    tile_index = 0
-    for b in range(p.batch):
-        batch_offset = b * rows_per_batch * p.head_dim
-        for tile in cfg.tiles(q_lo, q_hi):
-            slot = tile_index % cfg.tile_bufs
-            tile_index += 1
-            rows, weights, acc = buf.rows[slot], buf.weights[slot], buf.acc[slot]
-            bits = buf.bits[slot]
-            _coordinate_phase(buf, rows, weights, bits, cfg, sampling_locations,
-                              attention_weights, b, tile)
-            # One-column copies gather only the real partitions; the transpose path needs
-            # 128-row index blocks, so a ragged tile marks its padded rows out of bounds and
-            # its indirect transposes skip them.
-            parts = PARTITIONS if transpose else tile.partitions
-            ragged = tile.partitions < PARTITIONS
-            if transpose and ragged:
-                smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions,
-                                     4 * cfg.samples(tile.q_pack), oob_row)
-            oob = nisa.oob_mode.skip if ragged else nisa.oob_mode.error
-            for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
-                gbuf = gi % cfg.gather_bufs
-                prod = buf.prod[gbuf]
-                if cfg.gather_method == "copy":
-                    _gather_copy(buf, gbuf, prod, rows, weights, bits, cfg, value_rows,
-                                 batch_offset, grp, parts)
-                else:
-                    _gather_transpose(buf, gbuf, prod, rows, weights, bits, cfg, value_rows,
-                                      batch_offset, grp, psum_counter, oob)
-                _reduce_group(buf, prod, acc, cfg, grp, parts)
-            smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)
+    work = [(b, tile) for b in range(p.batch) for tile in cfg.tiles(q_lo, q_hi)]
+    counters = {"block": 0, "psum": 0, "tile_block": 0}
+    # Pipelined: tile i + 1 is prepared before tile i is gathered (see forward_config).
+    ahead = 1 if cfg.pipelined else 0
+    for i in range(min(ahead, len(work))):
+        _prepare_tile(buf, cfg, i, *work[i], sampling_locations, attention_weights, oob_row)
+    for i, (b, tile) in enumerate(work):
+        if i + ahead < len(work):
+            _prepare_tile(buf, cfg, i + ahead, *work[i + ahead], sampling_locations,
+                          attention_weights, oob_row)
+        _gather_and_reduce(buf, cfg, i, b, tile, value_rows, rows_per_batch, counters, out)
     return out

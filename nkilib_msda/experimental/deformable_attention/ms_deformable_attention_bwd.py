@@ -14,7 +14,7 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
   over the passes in fp32); C_t = C_h (one pass) whenever it fits.
 - grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
   per instruction (``max_scatter_indices_per_indirect`` <= 128 sets the partitions per
-  scatter and so K; with no cap K is sized so that buffer traffic stays below the scatter's;
+  scatter and so K; with no cap P_s and K minimise the estimated DMA work of buffers + scatter;
   no cap or >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets
   (default 1) take successive scatter DMAs round robin,
   fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
@@ -40,7 +40,8 @@ from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
-from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
+from nkilib_msda.experimental.deformable_attention.backward_config import (
+    GATHER_TRANSPOSE_BUFS, gather_split, plan_backward)
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import (PARTITIONS, core_barrier, core_info,
                                                      kernel_sbuf_budget)
@@ -113,7 +114,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
             forward kernel (same shapes, layouts and dtypes).
         max_gather_indices_per_indirect (int | None): cap on indices per indirect gather.
         max_scatter_indices_per_indirect (int | None): partitions per grad_value scatter
-            (<= 128 sets K; None sizes K so buffer traffic stays below the scatter's).
+            (<= 128 sets K; None: the P_s of least estimated DMA work, see backward_config).
         gather_method (str): "transpose" (2-byte values) or "copy" (any dtype; float32 always).
         num_scatter_buffers (int | None): buffer sets that successive scatters take round
             robin (default 1).
@@ -197,8 +198,8 @@ class _BackwardKernel:
     """Instruction emission for one program (logical core).
 
     All state (views of the inputs, outputs, on-chip tiles, HBM buffer sets) is created here
-    in ``__init__``; the methods only emit instructions (the DMA round-robin counter is the
-    one field they update).
+    in ``__init__``; the methods only emit instructions (the round-robin counters of the
+    scatter buffer sets and of the transposed gather tiles are the fields they update).
     """
 
     def __init__(self, cfg, core, value, grad_output, locations, attention, buffers_in):
@@ -216,6 +217,7 @@ class _BackwardKernel:
         self.want_gsl = cfg.compute_grad_sampling_locations
         self.want_gaw = cfg.compute_grad_attention_weights
         self.dma_count = 0
+        self.transpose_count = 0
         self.grad_value = self.gsl_out = self.gaw_out = None
         if cfg.compute_grad_value:
             self.grad_value = nl.ndarray(p.value_shape, dtype=self.vdt, buffer=nl.shared_hbm, name="grad_value")
@@ -335,15 +337,24 @@ class _BackwardKernel:
             for g0 in range(0, cols, mg):
                 col0 = blk * cols + g0
                 for t0, c in cfg.transpose_chunks(width):
-                    tr = t.transposed[0:c, 0:mg * PARTITIONS]
-                    src = self.value2d.ap([[c_h, mg * PARTITIONS], [1, c]], offset=base + t0,
-                                          vector_offset=gidx[0:PARTITIONS, col0:col0 + mg])
-                    nisa.dma_transpose(dst=tr, src=src)
+                    # Columns split over partition bands (all DMA engines), transposed tiles
+                    # rotated (the next gather overlaps these PE transposes): gather_split.
+                    band, m = gather_split(mg, c)
+                    tr = t.transposed[self.transpose_count % GATHER_TRANSPOSE_BUFS]
+                    self.transpose_count += 1
+                    for j in range(PARTITIONS // band):
+                        k0, kn = j * m, min(m, mg - j * m)
+                        if kn <= 0:
+                            break
+                        src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
+                                              vector_offset=gidx[0:PARTITIONS, col0 + k0:col0 + k0 + kn])
+                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src)
                     for k0 in range(0, mg, cfg.psum_columns):
                         k1 = min(mg, k0 + cfg.psum_columns)
                         for k in range(k0, k1):
+                            j, i = divmod(k, m)
                             nisa.nc_transpose(dst=self.psum[0:PARTITIONS, k - k0, 0:c],
-                                              data=tr[:, k * PARTITIONS:(k + 1) * PARTITIONS])
+                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS])
                         nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
                                          src=self.psum[0:n, 0:k1 - k0, 0:c])
             return

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS_PER_DMA_ENGINE
+
 __all__ = ["Param", "Hardware", "HARDWARE", "PARAMS", "PARAM_NAMES", "SOURCES",
            "hardware_for", "params_for", "nominal_params", "param_vector"]
 
@@ -119,7 +121,8 @@ _TRN2 = Hardware(
     vector_perf_2x_tensor_tensor=True, vector_perf_4x_copy=True, scalar_2byte_speedup=1.0,
     min_ii_cycles=64, gpsimd_start_cycles=150, min_ii_dynamic_cycles=600,
     matmul_min_stationary=64, matmul_fp32_factor=4, transpose_fp32_factor=2,
-    dma_engines=16, dma_queues_per_engine=16, partitions_per_dma_engine=8,
+    dma_engines=DMA_ENGINES, dma_queues_per_engine=16,
+    partitions_per_dma_engine=PARTITIONS_PER_DMA_ENGINE,
     dma_bytes_per_ns=23.0, dma_transpose_efficiency=0.9, dma_transpose_sbuf_efficiency=0.5,
     dma_accumulate_efficiency=0.5, hwdge_instruction_ns=600.0,
     hbm_bytes_per_ns_chip=2900.0, cores_per_chip=8,

@@ -209,9 +209,15 @@ class Timeline:
         return _Access(storage, lo, hi, p0, p1, size * itemsize, run * itemsize, op)
 
     @staticmethod
-    def _raw_access(storage: Any, addr: Any, dtype: Any) -> _Access | None:
-        """The same for element addresses ``addr`` (a slice or an int array)."""
+    def _raw_access(storage: Any, addr: Any, dtype: Any,
+                    storage_order: bool = False) -> _Access | None:
+        """The same for element addresses ``addr`` (a slice or an int array).
+
+        ``storage_order``: the run is the mean contiguous run of the addresses as stored
+        (sorted), not in the order the instruction visits them (a DMA transpose reads its
+        source rows whole and permutes them; see :meth:`dma`)."""
         itemsize = dtype.itemsize
+        runs = 1
         if isinstance(addr, slice):
             lo_e, hi_e = addr.start or 0, addr.stop
             count = hi_e - lo_e
@@ -223,6 +229,9 @@ class Timeline:
                 return None
             lo_e, hi_e = int(addr.min()), int(addr.max()) + 1
             contiguous = count == hi_e - lo_e
+            if storage_order and not contiguous:
+                ordered = np.sort(addr, axis=None)
+                runs = 1 + int(np.count_nonzero(np.diff(ordered) != 1))
         if count <= 0:
             return None
         two, f32 = _dtype_flags(dtype)
@@ -234,11 +243,11 @@ class Timeline:
             else:
                 lo, hi = 0, storage.bytes_per_partition
             per = max(count // (p1 - p0), 1)
-            run = per if contiguous else 1
+            run = per if contiguous else max(count // runs, 1) if storage_order else 1
         else:
             lo, hi, p0, p1 = lo_e * itemsize, hi_e * itemsize, 0, 1
             per = count
-            run = count if contiguous else 1
+            run = count if contiguous else max(count // runs, 1) if storage_order else 1
         op = Operand(storage.buffer, two, contiguous, p1 - p0, per, f32)
         return _Access(storage, lo, hi, p0, p1, count * itemsize, run * itemsize, op)
 
@@ -342,16 +351,17 @@ class Timeline:
         self.end.append(end)
         return node, end
 
-    def _take(self, program: int) -> tuple[list[_Access], list[_Access]]:
+    def _take(self, program: int, reads_in_storage_order: bool = False
+              ) -> tuple[list[_Access], list[_Access]]:
         """The running instruction's reads and writes, resolved; clears them."""
         prog = self.programs[program]
         noted = prog.reads, prog.writes
         prog.reads, prog.writes = [], []
         out: tuple[list[_Access], list[_Access]] = ([], [])
-        for entries, accesses in zip(noted, out):
+        for entries, accesses, ordered in zip(noted, out, (reads_in_storage_order, False)):
             for entry in entries:
                 acc = self._view_access(entry[0]) if len(entry) == 1 \
-                    else self._raw_access(*entry)
+                    else self._raw_access(entry[0], entry[1], entry[2], storage_order=ordered)
                 if acc is not None:
                     accesses.append(acc)
         return out
@@ -399,8 +409,14 @@ class Timeline:
             nbytes: int, hbm_bytes: int, descriptors: dict[int, int] | None,
             queue: str | None = None) -> None:
         """One DMA instruction: an issue node (hardware DGE queue, or software DGE on GpSimd)
-        and a transfer node on the DMA engines its partitions map to."""
-        reads, writes = self._take(program)
+        and a transfer node on the DMA engines its partitions map to.
+
+        Descriptors: the indirect ones counted by the cost report, else one per contiguous
+        run of the accesses (at least one per partition). A direct ``dma_transpose`` is
+        counted by its source's runs as stored: the architecture guide prices a DMA
+        transpose as a share of DMA throughput (``dma_transpose_efficiency``), not as one
+        descriptor per element of the permuted order."""
+        reads, writes = self._take(program, reads_in_storage_order=kind == "transpose")
         hw = self.hw
         prog = self.programs[program]
         if nbytes < 0:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nkilib_msda.experimental.deformable_attention.backward_config import (
-    FP32_EXACT_INT_MAX, PARTITIONS, TRN2_SBUF_BUDGET, buffer_index, plan_backward)
+    FP32_EXACT_INT_MAX, PARTITIONS, SCATTER_DESCRIPTOR_OVERHEAD_BYTES, TRN2_SBUF_BUDGET, buffer_index,
+    GATHER_TRANSPOSE_BUFS, gather_split, plan_backward, scatter_dma_cost)
 from msda_cases import msda_problem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
@@ -151,21 +152,40 @@ def test_buffer_sets_and_scratch_bytes():
     assert np.all(np.diff([buffer_index(cfg, j) for j in range(0, 128, 32)]) == cfg.rows_per_batch)
 
 
-def test_default_k_keeps_buffer_traffic_below_scatter_traffic():
-    decoder = problem(n_q=900, n_p=4, shapes=((200, 200),))  # G = 8: K would be 16
-    cfg = plan_backward(decoder, "bfloat16", lnc=2)
-    assert (cfg.scatter_partitions, cfg.num_buffers) == (8, 1)
-    assert plan_backward(decoder, "bfloat16", max_scatter_indices_per_indirect=128).num_buffers == 16
+def test_default_scatter_partitions_minimise_the_estimated_dma_work():
+    decoder = problem(n_q=900, n_p=4, shapes=((200, 200),))  # G = 8: K would be 16 at P_s = 128
     tsa = problem(n_q=40000, n_p=4, shapes=((200, 200),))
-    assert plan_backward(tsa, "bfloat16", lnc=2).num_buffers == 8
-    for cfg in (plan_backward(tsa, "bfloat16", lnc=2), plan_backward(problem(), "bfloat16", lnc=2)):
-        p = cfg.problem
-        buffer_bytes = 2 * cfg.scratch_hbm_bytes
-        rmw_bytes = 2 * 4 * 4 * p.head_dim * p.num_samples
-        assert buffer_bytes <= rmw_bytes
+    for p, lnc in ((decoder, 1), (decoder, 2), (tsa, 1), (tsa, 2), (problem(), 2)):
+        cfg = plan_backward(p, "bfloat16", lnc=lnc)
+        costs = {ps: scatter_dma_cost(p, lnc, 1, cfg.groups, ps) for ps in (1, 2, 4, 8, 16, 32, 64, 128)}
+        assert costs[cfg.scatter_partitions] == min(costs.values())
+        assert cfg.num_buffers == -(-cfg.scatter_partitions // cfg.groups)
+    # Decoders: the buffers' zero + reduce outweigh a full-width scatter, a one-engine scatter
+    # chain outweighs the buffers: in between.
+    dec = plan_backward(decoder, "bfloat16", lnc=1)
+    assert 8 < dec.scatter_partitions < 128
+    assert plan_backward(decoder, "bfloat16", max_scatter_indices_per_indirect=128).num_buffers == 16
+    # Encoders: the scatter dominates, every partition scatters at once.
+    assert plan_backward(tsa, "bfloat16", lnc=2).scatter_partitions == 128
     assert plan_backward(problem(), "bfloat16", lnc=2).num_buffers == 4  # upstream's K kept
+    # More buffer sets make buffers dearer and the scatter chains parallel: never more K.
+    assert plan_backward(decoder, "bfloat16", num_scatter_buffers=4).num_buffers <= dec.num_buffers
     # a given buffer set fixes K (chunked calls with different N_q stay compatible)
     assert plan_backward(decoder, "bfloat16", lnc=2, buffers_per_core=4).num_buffers == 4
+
+
+def test_scatter_dma_cost_terms():
+    p = problem(n_q=900, n_p=4, shapes=((200, 200),))
+    rows = p.batch * p.total_pixels * p.num_heads
+    samples = p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points
+    # P_s = 8, G = 8: K = 1 buffer, one engine.
+    expected = (2 * 4 * rows * p.head_dim / 16
+                + 4 * samples * (8 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES))
+    assert scatter_dma_cost(p, 1, 1, 8, 8) == pytest.approx(expected)
+    # LNC 2 halves the scatter per core; 128 partitions use all 16 engines.
+    assert scatter_dma_cost(p, 2, 1, 8, 128) == pytest.approx(
+        16 * 2 * 4 * rows * p.head_dim / 16
+        + 4 * samples / 2 * (8 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / 16)
 
 
 # ------------------------------------------------------------------ channel tiles
@@ -302,3 +322,27 @@ def test_what_cannot_fit_names_the_points_limit():
     plan_backward(problem(c_h=64, n_p=limit), "float32", sbuf_budget=budget)
     with pytest.raises(ValueError, match="SBUF"):
         plan_backward(problem(c_h=64, n_p=limit + 1), "float32", sbuf_budget=budget)
+
+
+@pytest.mark.parametrize("channels", [8, 16, 32, 48, 64, 96, 128])
+@pytest.mark.parametrize("columns", [1, 3, 16, 32])
+def test_transpose_gather_bands(channels, columns):
+    """A transpose gather's columns go to 128 // band transposes on partition bands that the PE
+    transpose may read (starts 0/32/64/96 for <= 32 partitions, 0/64 for <= 64), every column
+    to one band, using the DMA engines of the whole band range."""
+    band, m = gather_split(columns, channels)
+    stack = PARTITIONS // band
+    assert channels <= band and band in (32, 64, 128)
+    limits = {0: 128, 32: 32, 64: 64, 96: 32}
+    for j in range(stack):
+        assert channels <= limits[j * band]
+    owners = [k // m for k in range(columns)]
+    assert max(owners) < stack and m == -(-columns // stack)
+
+
+def test_transposed_tiles_are_double_buffered_bands():
+    cfg = plan_backward(problem(), "bfloat16")             # C_h = 32: four bands
+    tiles = {name: shape for name, shape, _ in cfg.sbuf_tiles}
+    band, m = gather_split(cfg.gather_columns, 32)
+    assert band == 32 and tiles["transposed"] == (GATHER_TRANSPOSE_BUFS, m * PARTITIONS)
+    assert GATHER_TRANSPOSE_BUFS >= 2

@@ -41,8 +41,47 @@ def test_sbuf_accounting_matches_the_listed_buffers():
     n = cfg.samples(cfg.q_pack)
     bufs = cfg.sbuf_buffers()
     assert bufs["coord_scratch"] == (COORD_SCRATCH_WORDS * n * 4, 1)
-    assert bufs["indices"] == (16 * n, cfg.tile_bufs)
+    assert cfg.gather_method == "transpose"
+    # Transpose path: natural-order indices are scratch; the per-tile copies are transposed.
+    assert bufs["indices"] == (16 * n, 1)
+    assert bufs["transpose_indices"] == (4 * cfg.index_words(cfg.q_pack), cfg.tile_bufs)
     assert cfg.sbuf_bytes == sum(size * copies for size, copies in bufs.values())
+    copy = plan_forward(problem(), "bfloat16", gather_method="copy")
+    assert copy.sbuf_buffers()["indices"] == (16 * copy.samples(copy.q_pack), copy.tile_bufs)
+    assert "transpose_indices" not in copy.sbuf_buffers()
+
+
+@pytest.mark.parametrize("heads,head_dim,points,levels,cap", [
+    (8, 32, 8, 4, None), (8, 32, 4, 1, None), (2, 48, 3, 5, None), (4, 32, 3, 1, 384),
+    (1, 8, 1, 1, None), (4, 144, 4, 2, None)])
+def test_dma_blocks_cover_the_tile_and_own_disjoint_index_regions(heads, head_dim, points,
+                                                                   levels, cap):
+    """Every column of a tile is in one DMA block, in group order; block i's transposed
+    indices (region i) fit the per-tile index tile, whatever q_pack."""
+    cfg = plan_forward(problem(heads=heads, head_dim=head_dim, points=points,
+                               levels=((5, 4),) * levels, queries=2048), "bfloat16",
+                       max_indices_per_indirect=cap)
+    for q_pack in {1, cfg.q_pack}:
+        blocks = cfg.dma_blocks(q_pack)
+        expected = [blk for g in cfg.reduce_groups(q_pack)
+                    for blk in cfg.blocks(g.col0, g.cols, cfg.dma_cols)]
+        assert list(blocks) == expected
+        cols = [c for d0, dn in blocks for c in range(d0, d0 + dn)]
+        assert cols == list(range(4 * cfg.samples(q_pack)))
+        assert all(-(-dn // cfg.stack) <= cfg.dma_cols_per_instruction for _, dn in blocks)
+        assert cfg.index_words(q_pack) == len(blocks) * cfg.stack * cfg.dma_cols_per_instruction
+        assert cfg.index_words(q_pack) <= cfg.index_words(cfg.q_pack)
+
+
+def test_pipelining_needs_two_tile_buffers():
+    roomy = plan_forward(problem(), "bfloat16")
+    assert roomy.tile_bufs == 2 and roomy.pipelined
+    # Shrink the budget until only one copy of the per-tile buffers fits.
+    budget = roomy.sbuf_bytes
+    while plan_forward(problem(), "bfloat16", sbuf_budget=budget).tile_bufs == 2:
+        budget -= 1024
+    single = plan_forward(problem(), "bfloat16", sbuf_budget=budget)
+    assert single.tile_bufs == 1 and not single.pipelined
 
 
 @pytest.mark.parametrize("queries,lnc", [(1, 1), (1, 2), (127, 1), (128, 2), (263, 2),
@@ -92,7 +131,7 @@ def test_reduce_groups_cover_every_column_once(heads, head_dim, points, levels):
         assert firsts == set(range(cfg.slots(q_pack)))
 
 
-@pytest.mark.parametrize("cap,cols", [(None, 32), (128, 1), (1000, 7), (4096, 32), (1 << 20, 128)])
+@pytest.mark.parametrize("cap,cols", [(None, 8), (128, 1), (1000, 7), (4096, 32), (1 << 20, 128)])
 def test_max_indices_per_indirect_caps_dma_columns(cap, cols):
     cfg = plan_forward(problem(), "bfloat16", max_indices_per_indirect=cap)
     assert cfg.stack == 4                                     # C_h = 32: 4 columns per PE transpose
