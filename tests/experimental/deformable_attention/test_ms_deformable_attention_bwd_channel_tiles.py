@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import pytest
 
 from msda_cases import MSDACase, with_
@@ -147,3 +148,42 @@ def test_head_dim_sweep_up_to_the_forward_limit(head_dim, value_dtype, method, l
         min_tiles = 2 if method == "copy" else 1
     c = with_(c, head_dim=head_dim)
     check_tiled(c, lnc=1 + (head_dim % 2), min_tiles=min_tiles, gather_method=method)
+
+
+def test_grad_output_row_scale_spans_every_channel_tile(monkeypatch):
+    """grad_output near the float32 maximum only in the last channel tile of each row (the
+    first tile is small): the power-of-two row scale must come from the whole row, so the
+    location and weight gradients hold no NaN, overflow to the infinity of the exact value's
+    sign, and stay finite and close where the exact value is inside the float32 range."""
+    c = with_(TIGHT, value_dtype="float32", param_dtype="float32")
+    budget = _tight_budget(c, 3, compute_grad_value=False)
+    plans = []
+
+    def recording_plan(*args, **kwargs):
+        plans.append(plan_backward(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(bwd_module, "kernel_sbuf_budget", lambda: budget)
+    monkeypatch.setattr(bwd_module, "plan_backward", recording_plan)
+    grad, args = backward_inputs(c, seed=11)
+    rows = grad.reshape(grad.shape[0], grad.shape[1], c.num_heads, c.head_dim)
+    rows[...] = np.clip(rows, -1.0, 1.0)
+    rows[..., -c.head_dim // 4:] *= np.float32(3e38)  # only inside the last channel tile
+    outs = run_bwd(grad, args, lnc=2, compute_grad_value=False)
+    assert plans and all(len(cfg.channel_tiles) >= 3 for cfg in plans), [cfg.describe() for cfg in plans]
+    last_tile_start = plans[0].channel_tiles[-1][0]
+    assert last_tile_start <= c.head_dim - c.head_dim // 4, plans[0].describe()
+    refs = ms_deformable_attention_bwd_ref(grad, **args)[1:]
+    f32_max = float(np.finfo(np.float32).max)
+    overflowing = 0
+    for name, got, want in zip(("grad_sampling_locations", "grad_attention_weights"), outs, refs):
+        got = got.astype(np.float64)
+        assert not np.isnan(got).any(), f"{name}: NaN"
+        beyond = np.abs(want) >= 1.001 * f32_max
+        overflowing += int(beyond.sum())
+        assert np.array_equal(got[beyond], np.where(want[beyond] > 0, np.inf, -np.inf)), name
+        inside = np.abs(want) <= 0.999 * f32_max
+        assert np.isfinite(got[inside]).all(), f"{name}: infinity where the exact value is finite"
+        err = np.abs(got[inside] - want[inside]).max(initial=0.0)
+        assert err <= 1e-5 * np.abs(want[inside]).max(initial=1.0), f"{name}: error {err:.3e}"
+    assert overflowing, "the inputs make no gradient overflow"
