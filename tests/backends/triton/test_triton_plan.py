@@ -46,8 +46,9 @@ def test_decoder_plan_uses_all_samples_kernel():
     assert plan.forward.block_q * 16 * 32 <= 2048
 
 
-def test_kept_grad_value_accumulator_is_off_by_default():
-    assert tb.plan_launch(problem(queries=300), "bfloat16").grad_value_scratch == "fresh"
+def test_kept_grad_value_accumulator_is_on_by_default():
+    tb.plan_launch.cache_clear()
+    assert tb.plan_launch(problem(queries=300), "bfloat16").grad_value_scratch == "kept"
 
 
 def test_16_bit_values_keep_a_small_grad_value_accumulator(monkeypatch):
