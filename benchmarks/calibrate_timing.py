@@ -589,6 +589,7 @@ def _samples(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, An
     """Records of the fit (``use_in_fit``) or check set (any recorded value) that ran, matched
     their reference and have a timing graph."""
     out = []
+    model = model_version()
     for r, d, scope, _ in rows:
         fam = FAMILIES[r.kernel]
         e = cache.get(r.key(), {})
@@ -599,8 +600,9 @@ def _samples(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, An
         if set_name == "check" and "placeholder" in d.note:
             continue
         path = graph_file(r.key())
-        if e.get("status") != "ran" or not e.get("match") or not path.exists():
-            continue
+        if e.get("status") != "ran" or not e.get("match") or not path.exists() \
+                or e.get("model") != model:
+            continue  # no graph, or one recorded by another model (stale)
         out.append(Sample(r.kernel, r.key(), d.recorded_ps / PS_PER_US,
                           pickle.loads(path.read_bytes())))
     return out
@@ -684,12 +686,21 @@ def collect(checkout: Path, kernels: Iterable[str]) -> list[tuple[Record, Decisi
     return rows
 
 
+# What a recorded graph depends on: the recorder and the cost formulas (node durations),
+# and the hardware constants baked into them. Not the scheduler (a pickled graph is
+# re-scheduled with the current code when it is loaded) nor the unknowns' values (every
+# duration is linear in them and re-evaluated).
+GRAPH_SOURCES = ("recorder.py", "costs.py", "guard.py")
+
+
 def model_version() -> str:
-    """A hash of the timing model's source: cached graphs recorded by another model are stale."""
+    """A hash of what a recorded graph depends on: graphs recorded by another model are stale
+    (never re-used: the run loop re-runs them and the fit skips them)."""
+    from nkilib_msda.simulator.timing.constants import HARDWARE
     h = hashlib.sha1()
-    for path in sorted((REPO / "nkilib_msda" / "simulator" / "timing").glob("*.py")):
-        if path.name != "constants.py":  # nominal values do not change a recorded graph
-            h.update(path.read_bytes())
+    for name in GRAPH_SOURCES:
+        h.update((REPO / "nkilib_msda" / "simulator" / "timing" / name).read_bytes())
+    h.update(repr(sorted(HARDWARE.items())).encode())
     return h.hexdigest()[:12]
 
 
