@@ -166,6 +166,14 @@ def test_dma_transpose_descriptors_follow_the_source_rows_not_its_elements():
     assert _descriptor_ns_per_ns(contiguous, np.ascontiguousarray(wide[:, :64])) == \
         pytest.approx(8 + 8)
 
+    def into_part_of_a_tile(h):  # the destination is a block of a wider SBUF allocation
+        big = nl.ndarray((128, 512), h.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=big[0:64, 0:128], src=h[0:128, 0:64])
+        return store(big[0:64, 0:128])
+
+    # the destination rows (64 partitions x 256 B) are runs too: same count as `strided`
+    assert _descriptor_ns_per_ns(into_part_of_a_tile, wide) == pytest.approx(16 + 8)
+
 
 def test_indirect_dma_transpose_descriptors_are_its_gathered_rows():
     table = _x((500, 48), BF16)
