@@ -846,11 +846,14 @@ CONSTANTS = REPO / "nkilib_msda" / "simulator" / "timing" / "constants.py"
 
 
 def sane(summary: dict[str, Any]) -> tuple[bool, str]:
-    """A fit is written back only if it converged, its scale is within 2x of 1 (the units are
-    picoseconds), it improves the fit set's median error and it does not worsen the check
-    set's."""
+    """A fit is written back only if it converged, no parameter ended on a bound of its range
+    (one there absorbs a structural error of the model rather than measuring a constant), its
+    scale is within 2x of 1 (the units are picoseconds), it improves the fit set's median
+    error and it does not worsen the check set's."""
     if not summary["success"]:
         return False, "least squares did not converge"
+    if summary.get("at_bound"):
+        return False, "parameters on a bound of their range: " + ", ".join(summary["at_bound"])
     if not 0.5 <= summary["scale"] <= 2.0:
         return False, f"global scale {summary['scale']:.3f} is not within [0.5, 2]"
     before = summary["fit_set_nominal"]["all"]["median_abs_err"]
@@ -901,11 +904,14 @@ def print_table(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str,
     head = ["kernel", "set", "config", "LNC", "recorded", "rec µs", "est µs", "low µs",
             "high µs", "ratio", "fitted µs", "fitted ratio", "run", "record note", "commit"]
     fitted_us = (fitted or {}).get("fitted_us", {})
+    model = model_version()
     lines = []
     for r, d, scope, why in rows:
         e = cache.get(r.key(), {})
         if not scope or (d.recorded_ps is None and not e):
             continue  # out of scope, or nothing recorded and nothing run
+        if e.get("status") == "ran" and e.get("model") != model:  # never show stale times
+            e = {"status": "not run", "reason": "graph of another timing model (stale)"}
         rec_us = d.recorded_ps / PS_PER_US if d.recorded_ps else None
         est = e.get("estimate_us")
         ratio = est / rec_us if est and rec_us else None
