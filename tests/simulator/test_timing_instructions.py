@@ -176,16 +176,13 @@ def test_dma_transpose_descriptors_follow_the_source_rows_not_its_elements():
 
 
 def test_indirect_dma_transpose_descriptors_are_its_gathered_rows():
-    table = _x((500, 48), BF16)
-    rows = RNG.integers(0, 500, (128, 1)).astype(np.uint32)
-
     def gather_transpose(v, ix):
-        i = load(ix)
         t = nl.ndarray((48, 128), v.dtype, buffer=nl.sbuf)
-        nisa.dma_transpose(dst=t, src=v.ap([[48, 128], [1, 48]], vector_offset=i))
+        nisa.dma_transpose(dst=t, src=v.ap([[48, 128], [1, 48]], vector_offset=load(ix)))
         return store(t)
 
     # 128 gathered rows (one descriptor each) over the 6 DMA engines of 48 partitions
-    per_ns = _descriptor_ns_per_ns(gather_transpose, table, rows,
+    rows = RNG.integers(0, 500, (128, 1)).astype(np.uint32)
+    per_ns = _descriptor_ns_per_ns(gather_transpose, _x((500, 48), BF16), rows,
                                    param="dma_indirect_descriptor_ns")
     assert per_ns == pytest.approx(128 / 6)
