@@ -574,6 +574,9 @@ def run_one(checkout: Path, kernel: str, values: dict[str, Any],
 
 # -- fitting -------------------------------------------------------------------------------
 PRIOR_WEIGHT = 0.05  # pull of each parameter towards its nominal value, per unit of its range
+# A fitted parameter moved from its nominal value to within this share of its range from a
+# bound is "on a bound" (the prior's pull keeps it from touching it exactly).
+BOUND_MARGIN = 0.02
 
 
 @dataclasses.dataclass
@@ -639,8 +642,9 @@ def fit(samples: list[Sample]) -> dict[str, Any]:
     params = dict(zip(names, (float(v) for v in res.x[:-1])))
     return {"params": params, "scale": float(math.exp(res.x[-1])), "nominal": dict(zip(names, nom)),
             "ranges": ranges, "cost": float(res.cost), "success": bool(res.success),
-            "at_bound": [n for n, v, a, b in zip(names, res.x[:-1], lo, hi)
-                         if b > a and (abs(v - a) < 1e-6 * (b - a) or abs(v - b) < 1e-6 * (b - a))]}
+            "at_bound": [n for n, v, a, b, m in zip(names, res.x[:-1], lo, hi, nom)
+                         if b > a and abs(v - m) > 1e-6 * (b - a)
+                         and min(v - a, b - v) < BOUND_MARGIN * (b - a)]}
 
 
 def errors(samples: list[Sample], params: dict[str, float], scale: float) -> dict[str, Any]:

@@ -101,6 +101,14 @@ def test_fit_recovers_a_known_parameter_and_scale():
     assert err["all"]["median_abs_err"] < 0.02
     nominal = cal.errors(samples, {"x": 2.0}, 1.0)
     assert nominal["all"]["median_abs_err"] > 0.2
+    assert result["at_bound"] == []
+
+
+def test_a_parameter_pushed_past_its_range_is_reported_on_its_bound():
+    pytest.importorskip("scipy")
+    samples = [cal.Sample("demo", str(w), 9.0 * w + 10.0, _FakeTiming(w))
+               for w in (1.0, 5.0, 20.0, 80.0, 300.0)]  # x = 9 is above the range [1, 5]
+    assert cal.fit(samples)["at_bound"] == ["x"]
 
 
 def _summary(**changes):
