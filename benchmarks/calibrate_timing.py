@@ -574,6 +574,9 @@ def run_one(checkout: Path, kernel: str, values: dict[str, Any],
 
 # -- fitting -------------------------------------------------------------------------------
 PRIOR_WEIGHT = 0.05  # pull of each parameter towards its nominal value, per unit of its range
+# A fitted parameter moved from its nominal value to within this share of its range from a
+# bound is "on a bound" (the prior's pull keeps it from touching it exactly).
+BOUND_MARGIN = 0.02
 
 
 @dataclasses.dataclass
@@ -589,6 +592,7 @@ def _samples(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, An
     """Records of the fit (``use_in_fit``) or check set (any recorded value) that ran, matched
     their reference and have a timing graph."""
     out = []
+    model = model_version()
     for r, d, scope, _ in rows:
         fam = FAMILIES[r.kernel]
         e = cache.get(r.key(), {})
@@ -599,8 +603,9 @@ def _samples(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str, An
         if set_name == "check" and "placeholder" in d.note:
             continue
         path = graph_file(r.key())
-        if e.get("status") != "ran" or not e.get("match") or not path.exists():
-            continue
+        if e.get("status") != "ran" or not e.get("match") or not path.exists() \
+                or e.get("model") != model:
+            continue  # no graph, or one recorded by another model (stale)
         out.append(Sample(r.kernel, r.key(), d.recorded_ps / PS_PER_US,
                           pickle.loads(path.read_bytes())))
     return out
@@ -637,8 +642,9 @@ def fit(samples: list[Sample]) -> dict[str, Any]:
     params = dict(zip(names, (float(v) for v in res.x[:-1])))
     return {"params": params, "scale": float(math.exp(res.x[-1])), "nominal": dict(zip(names, nom)),
             "ranges": ranges, "cost": float(res.cost), "success": bool(res.success),
-            "at_bound": [n for n, v, a, b in zip(names, res.x[:-1], lo, hi)
-                         if b > a and (abs(v - a) < 1e-6 * (b - a) or abs(v - b) < 1e-6 * (b - a))]}
+            "at_bound": [n for n, v, a, b, m in zip(names, res.x[:-1], lo, hi, nom)
+                         if b > a and abs(v - m) > 1e-6 * (b - a)
+                         and min(v - a, b - v) < BOUND_MARGIN * (b - a)]}
 
 
 def errors(samples: list[Sample], params: dict[str, float], scale: float) -> dict[str, Any]:
@@ -684,12 +690,21 @@ def collect(checkout: Path, kernels: Iterable[str]) -> list[tuple[Record, Decisi
     return rows
 
 
+# What a recorded graph depends on: the recorder and the cost formulas (node durations),
+# and the hardware constants baked into them. Not the scheduler (a pickled graph is
+# re-scheduled with the current code when it is loaded) nor the unknowns' values (every
+# duration is linear in them and re-evaluated).
+GRAPH_SOURCES = ("recorder.py", "costs.py", "guard.py")
+
+
 def model_version() -> str:
-    """A hash of the timing model's source: cached graphs recorded by another model are stale."""
+    """A hash of what a recorded graph depends on: graphs recorded by another model are stale
+    (never re-used: the run loop re-runs them and the fit skips them)."""
+    from nkilib_msda.simulator.timing.constants import HARDWARE
     h = hashlib.sha1()
-    for path in sorted((REPO / "nkilib_msda" / "simulator" / "timing").glob("*.py")):
-        if path.name != "constants.py":  # nominal values do not change a recorded graph
-            h.update(path.read_bytes())
+    for name in GRAPH_SOURCES:
+        h.update((REPO / "nkilib_msda" / "simulator" / "timing" / name).read_bytes())
+    h.update(repr(sorted(HARDWARE.items())).encode())
     return h.hexdigest()[:12]
 
 
@@ -835,11 +850,14 @@ CONSTANTS = REPO / "nkilib_msda" / "simulator" / "timing" / "constants.py"
 
 
 def sane(summary: dict[str, Any]) -> tuple[bool, str]:
-    """A fit is written back only if it converged, its scale is within 2x of 1 (the units are
-    picoseconds), it improves the fit set's median error and it does not worsen the check
-    set's."""
+    """A fit is written back only if it converged, no parameter ended on a bound of its range
+    (one there absorbs a structural error of the model rather than measuring a constant), its
+    scale is within 2x of 1 (the units are picoseconds), it improves the fit set's median
+    error and it does not worsen the check set's."""
     if not summary["success"]:
         return False, "least squares did not converge"
+    if summary.get("at_bound"):
+        return False, "parameters on a bound of their range: " + ", ".join(summary["at_bound"])
     if not 0.5 <= summary["scale"] <= 2.0:
         return False, f"global scale {summary['scale']:.3f} is not within [0.5, 2]"
     before = summary["fit_set_nominal"]["all"]["median_abs_err"]
@@ -890,11 +908,14 @@ def print_table(rows: list[tuple[Record, Decision, bool, str]], cache: dict[str,
     head = ["kernel", "set", "config", "LNC", "recorded", "rec µs", "est µs", "low µs",
             "high µs", "ratio", "fitted µs", "fitted ratio", "run", "record note", "commit"]
     fitted_us = (fitted or {}).get("fitted_us", {})
+    model = model_version()
     lines = []
     for r, d, scope, why in rows:
         e = cache.get(r.key(), {})
         if not scope or (d.recorded_ps is None and not e):
             continue  # out of scope, or nothing recorded and nothing run
+        if e.get("status") == "ran" and e.get("model") != model:  # never show stale times
+            e = {"status": "not run", "reason": "graph of another timing model (stale)"}
         rec_us = d.recorded_ps / PS_PER_US if d.recorded_ps else None
         est = e.get("estimate_us")
         ratio = est / rec_us if est and rec_us else None

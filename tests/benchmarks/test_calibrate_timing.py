@@ -101,3 +101,55 @@ def test_fit_recovers_a_known_parameter_and_scale():
     assert err["all"]["median_abs_err"] < 0.02
     nominal = cal.errors(samples, {"x": 2.0}, 1.0)
     assert nominal["all"]["median_abs_err"] > 0.2
+    assert result["at_bound"] == []
+
+
+def test_a_parameter_pushed_past_its_range_is_reported_on_its_bound():
+    pytest.importorskip("scipy")
+    samples = [cal.Sample("demo", str(w), 9.0 * w + 10.0, _FakeTiming(w))
+               for w in (1.0, 5.0, 20.0, 80.0, 300.0)]  # x = 9 is above the range [1, 5]
+    assert cal.fit(samples)["at_bound"] == ["x"]
+
+
+def _summary(**changes):
+    good = {"all": {"median_abs_err": 0.1}}
+    worse = {"all": {"median_abs_err": 0.2}}
+    summary = {"success": True, "at_bound": [], "scale": 1.0, "fit_set_nominal": worse,
+               "fit_set_fitted": good, "check_set_nominal": worse, "check_set_fitted": good}
+    summary.update(changes)
+    return summary
+
+
+def test_a_fit_with_parameters_on_their_bounds_is_not_written_back():
+    assert cal.sane(_summary()) == (True, "")
+    ok, why = cal.sane(_summary(at_bound=["launch_floor_us", "swdge_fixed_ns"]))
+    assert not ok and "launch_floor_us" in why and "swdge_fixed_ns" in why
+    ok, why = cal.sane(_summary(check_set_fitted={"all": {"median_abs_err": 0.3}}))
+    assert not ok and "check set" in why
+
+
+def test_the_model_version_follows_the_recorder_not_the_scheduler(monkeypatch, tmp_path):
+    timing = tmp_path / "nkilib_msda" / "simulator" / "timing"
+    timing.mkdir(parents=True)
+    for name in cal.GRAPH_SOURCES + ("schedule.py",):
+        (timing / name).write_text(f"# {name}\n")
+    monkeypatch.setattr(cal, "REPO", tmp_path)
+    first = cal.model_version()
+    (timing / "schedule.py").write_text("# re-scheduling changed\n")
+    assert cal.model_version() == first  # graphs are re-scheduled when loaded
+    (timing / "recorder.py").write_text("# another descriptor rule\n")
+    assert cal.model_version() != first  # the recorded graphs are stale
+
+
+def test_the_fit_skips_graphs_recorded_by_another_model(monkeypatch, tmp_path):
+    record = _records()[0]
+    decision = cal.decide(record, [])
+    monkeypatch.setattr(cal, "FAMILIES", {"demo": cal.FAMILIES["qkv_tkg"]})
+    monkeypatch.setattr(cal, "GRAPHS", tmp_path)
+    monkeypatch.setattr(cal, "model_version", lambda: "current")
+    path = cal.graph_file(record.key())
+    path.write_bytes(cal.pickle.dumps(_FakeTiming(1.0)))
+    rows = [(record, decision, True, "")]
+    entry = {"status": "ran", "match": True}
+    assert len(cal._samples(rows, {record.key(): {**entry, "model": "current"}}, "fit")) == 1
+    assert cal._samples(rows, {record.key(): {**entry, "model": "older"}}, "fit") == []

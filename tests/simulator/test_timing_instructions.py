@@ -166,18 +166,23 @@ def test_dma_transpose_descriptors_follow_the_source_rows_not_its_elements():
     assert _descriptor_ns_per_ns(contiguous, np.ascontiguousarray(wide[:, :64])) == \
         pytest.approx(8 + 8)
 
+    def into_part_of_a_tile(h):  # the destination is a block of a wider SBUF allocation
+        big = nl.ndarray((128, 512), h.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=big[0:64, 0:128], src=h[0:128, 0:64])
+        return store(big[0:64, 0:128])
+
+    # the destination rows (64 partitions x 256 B) are runs too: same count as `strided`
+    assert _descriptor_ns_per_ns(into_part_of_a_tile, wide) == pytest.approx(16 + 8)
+
 
 def test_indirect_dma_transpose_descriptors_are_its_gathered_rows():
-    table = _x((500, 48), BF16)
-    rows = RNG.integers(0, 500, (128, 1)).astype(np.uint32)
-
     def gather_transpose(v, ix):
-        i = load(ix)
         t = nl.ndarray((48, 128), v.dtype, buffer=nl.sbuf)
-        nisa.dma_transpose(dst=t, src=v.ap([[48, 128], [1, 48]], vector_offset=i))
+        nisa.dma_transpose(dst=t, src=v.ap([[48, 128], [1, 48]], vector_offset=load(ix)))
         return store(t)
 
     # 128 gathered rows (one descriptor each) over the 6 DMA engines of 48 partitions
-    per_ns = _descriptor_ns_per_ns(gather_transpose, table, rows,
+    rows = RNG.integers(0, 500, (128, 1)).astype(np.uint32)
+    per_ns = _descriptor_ns_per_ns(gather_transpose, _x((500, 48), BF16), rows,
                                    param="dma_indirect_descriptor_ns")
     assert per_ns == pytest.approx(128 / 6)

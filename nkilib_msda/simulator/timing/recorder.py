@@ -214,10 +214,11 @@ class Timeline:
         """The same for element addresses ``addr`` (a slice or an int array).
 
         ``storage_order``: the run is the mean contiguous run of the addresses as stored
-        (sorted), not in the order the instruction visits them (a DMA transpose reads its
-        source rows whole and permutes them; see :meth:`dma`)."""
+        (sorted; within a partition on chip), not in the order the instruction visits them
+        (a DMA transpose reads its source rows whole and permutes them; see :meth:`dma`);
+        otherwise a non-contiguous address array counts as runs of one element."""
         itemsize = dtype.itemsize
-        runs = 1
+        runs = 0
         if isinstance(addr, slice):
             lo_e, hi_e = addr.start or 0, addr.stop
             count = hi_e - lo_e
@@ -243,11 +244,11 @@ class Timeline:
             else:
                 lo, hi = 0, storage.bytes_per_partition
             per = max(count // (p1 - p0), 1)
-            run = per if contiguous else max(count // runs, 1) if storage_order else 1
+            run = per if contiguous else max(count // runs, 1) if runs else 1
         else:
             lo, hi, p0, p1 = lo_e * itemsize, hi_e * itemsize, 0, 1
             per = count
-            run = count if contiguous else max(count // runs, 1) if storage_order else 1
+            run = count if contiguous else max(count // runs, 1) if runs else 1
         op = Operand(storage.buffer, two, contiguous, p1 - p0, per, f32)
         return _Access(storage, lo, hi, p0, p1, count * itemsize, run * itemsize, op)
 
@@ -351,17 +352,18 @@ class Timeline:
         self.end.append(end)
         return node, end
 
-    def _take(self, program: int, reads_in_storage_order: bool = False
+    def _take(self, program: int, storage_order: bool = False
               ) -> tuple[list[_Access], list[_Access]]:
-        """The running instruction's reads and writes, resolved; clears them."""
+        """The running instruction's reads and writes, resolved; clears them.
+        ``storage_order``: runs of address arrays as stored (see :meth:`_raw_access`)."""
         prog = self.programs[program]
         noted = prog.reads, prog.writes
         prog.reads, prog.writes = [], []
         out: tuple[list[_Access], list[_Access]] = ([], [])
-        for entries, accesses, ordered in zip(noted, out, (reads_in_storage_order, False)):
+        for entries, accesses in zip(noted, out):
             for entry in entries:
                 acc = self._view_access(entry[0]) if len(entry) == 1 \
-                    else self._raw_access(entry[0], entry[1], entry[2], storage_order=ordered)
+                    else self._raw_access(entry[0], entry[1], entry[2], storage_order)
                 if acc is not None:
                     accesses.append(acc)
         return out
@@ -412,11 +414,13 @@ class Timeline:
         and a transfer node on the DMA engines its partitions map to.
 
         Descriptors: the indirect ones counted by the cost report, else one per contiguous
-        run of the accesses (at least one per partition). A direct ``dma_transpose`` is
-        counted by its source's runs as stored: the architecture guide prices a DMA
+        run of the accesses as stored (at least one per partition). A direct
+        ``dma_transpose`` thus counts its source rows: the architecture guide prices a DMA
         transpose as a share of DMA throughput (``dma_transpose_efficiency``), not as one
-        descriptor per element of the permuted order."""
-        reads, writes = self._take(program, reads_in_storage_order=kind == "transpose")
+        descriptor per element of the permuted order; an address-array access (transpose,
+        dynamic offset) into part of a larger SBUF allocation counts its runs within each
+        partition, not one per element."""
+        reads, writes = self._take(program, storage_order=not descriptors)
         hw = self.hw
         prog = self.programs[program]
         if nbytes < 0:

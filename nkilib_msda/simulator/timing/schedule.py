@@ -67,6 +67,8 @@ class Timing:
                  const: np.ndarray, coef: np.ndarray, lat: np.ndarray,
                  preds: tuple[np.ndarray, np.ndarray], order: tuple[np.ndarray, np.ndarray],
                  names: list[str], queues: list[str], hbm_bytes: int) -> None:
+        self._args = (target, num_programs, core_names, kind, core, res_lo, res_hi, const,
+                      coef, lat, preds, order, names, queues, hbm_bytes)
         self.target = target
         self.num_programs = num_programs
         self.core_names = core_names
@@ -102,6 +104,10 @@ class Timing:
         self.engine_busy_us = self._busy()
         self.lower_bound_us = self._lower_bound(param_vector(target)) / 1e3
         self.bound_by = self._bound_by(nominal)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as the recorded graph: unpickling re-schedules it with this code."""
+        return (Timing, self._args)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
