@@ -49,3 +49,12 @@ def gather_inputs(gen: np.random.Generator, table_shape: tuple[int, int],
     """A float32 table and int32 row indices into it (the inputs of an indirect gather)."""
     table = gen.standard_normal(table_shape).astype(np.float32)
     return table, gen.integers(0, table_shape[0], index_shape).astype(np.int32)
+
+
+def gather_rows(table: Any, index_tile: Any, rows: int) -> Any:
+    """Indirect gather in a kernel: rows ``index_tile[p, 0]`` of a (N, C) HBM ``table`` into a
+    (rows, C) float32 SBUF tile (row p to partition p)."""
+    cols = table.shape[1]
+    t = nl.ndarray((rows, cols), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=table.ap([[cols, rows], [1, cols]], vector_offset=index_tile))
+    return t

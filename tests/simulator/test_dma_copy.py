@@ -6,7 +6,7 @@ import pytest
 
 from nkilib_msda.simulator import access, nisa, nl
 
-from _core_helpers import gather_inputs, in_kernel, raises_rule, randn
+from _core_helpers import gather_inputs, gather_rows, in_kernel, raises_rule, randn
 from _core_helpers import load as _load, store as _store
 
 RNG = np.random.default_rng(1234)
@@ -43,10 +43,7 @@ def test_indirect_gather_row_idx_p_to_partition_p():
     table, idx = gather_inputs(RNG, (50, 8), (32, 1))
 
     def body(v, ix):
-        i = _load(ix)
-        t = nl.ndarray((32, 8), nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=v.ap([[8, 32], [1, 8]], vector_offset=i))
-        return _store(t)
+        return _store(gather_rows(v, _load(ix), 32))
 
     np.testing.assert_array_equal(in_kernel(body, table, idx), table[idx[:, 0]])
 

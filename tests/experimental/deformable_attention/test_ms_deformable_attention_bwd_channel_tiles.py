@@ -82,6 +82,20 @@ def _tight_budget(c: MSDACase, tiles: int, **knobs) -> int:
             return budget
 
 
+def _plan_under_budget(monkeypatch, budget: int) -> list:
+    """Run the kernel with ``budget`` bytes of SBUF per partition; returns the list that
+    collects the backward configs the kernel plans."""
+    plans = []
+
+    def recording_plan(*args, **kwargs):
+        plans.append(plan_backward(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(bwd_module, "kernel_sbuf_budget", lambda: budget)
+    monkeypatch.setattr(bwd_module, "plan_backward", recording_plan)
+    return plans
+
+
 @pytest.mark.parametrize("knobs,value_dtype", TIGHT_KNOBS, ids=str)
 def test_knobs_under_a_tight_budget(knobs, value_dtype, monkeypatch):
     """Pairs and single corners, capped gathers/scatters, buffer sets, gradient subsets,
@@ -91,15 +105,7 @@ def test_knobs_under_a_tight_budget(knobs, value_dtype, monkeypatch):
     c = with_(TIGHT, value_layout=layout, value_dtype=value_dtype, batch=2,
               spatial_shapes=SMALL_LEVELS if "max_gather_indices_per_indirect" in knobs else PAIR_LEVELS,
               padding_mode="border" if layout == "BNLC" else "zeros", align_corners=layout == "BNLC")
-    budget = _tight_budget(c, 3, **knobs)
-    plans = []
-
-    def recording_plan(*args, **kwargs):
-        plans.append(plan_backward(*args, **kwargs))
-        return plans[-1]
-
-    monkeypatch.setattr(bwd_module, "kernel_sbuf_budget", lambda: budget)
-    monkeypatch.setattr(bwd_module, "plan_backward", recording_plan)
+    plans = _plan_under_budget(monkeypatch, _tight_budget(c, 3, **knobs))
     grad, args = backward_inputs(c, seed=7)
     flags = [knobs.get(f"compute_{name}", True) for name in ("grad_value", "grad_sampling_locations",
                                                              "grad_attention_weights")]
@@ -156,15 +162,7 @@ def test_grad_output_row_scale_spans_every_channel_tile(monkeypatch):
     location and weight gradients hold no NaN, overflow to the infinity of the exact value's
     sign, and stay finite and close where the exact value is inside the float32 range."""
     c = with_(TIGHT, value_dtype="float32", param_dtype="float32")
-    budget = _tight_budget(c, 3, compute_grad_value=False)
-    plans = []
-
-    def recording_plan(*args, **kwargs):
-        plans.append(plan_backward(*args, **kwargs))
-        return plans[-1]
-
-    monkeypatch.setattr(bwd_module, "kernel_sbuf_budget", lambda: budget)
-    monkeypatch.setattr(bwd_module, "plan_backward", recording_plan)
+    plans = _plan_under_budget(monkeypatch, _tight_budget(c, 3, compute_grad_value=False))
     grad, args = backward_inputs(c, seed=11)
     rows = grad.reshape(grad.shape[0], grad.shape[1], c.num_heads, c.head_dim)
     rows[...] = np.clip(rows, -1.0, 1.0)

@@ -6,7 +6,7 @@ tests/simulator/conftest.py)."""
 from __future__ import annotations
 
 from _core_helpers import in_kernel as run
-from _core_helpers import gather_inputs, load, randn, store
+from _core_helpers import gather_inputs, gather_rows, load, randn, store
 
 __all__ = ["DOCS", "run", "load", "store", "randn", "gather_inputs"]
 
