@@ -22,7 +22,7 @@ def test_planners_share_the_facts():
     assert backward_config.TRN2_SBUF_BUDGET == forward_config.TRN2_SBUF_BUDGET \
         == hardware.PLANNER_SBUF_BUDGET["trn2"] == 204_800
     assert kc.DTYPE_BYTES is hardware.DTYPE_BYTES
-    for table in (forward_config.DTYPE_BYTES, tiling.DTYPE_BYTES, backward_config._DTYPE_BYTES):
+    for table in (forward_config.DTYPE_BYTES, tiling.DTYPE_BYTES, backward_config.DTYPE_BYTES):
         assert all(kc.DTYPE_BYTES[k] == v for k, v in table.items())
 
 

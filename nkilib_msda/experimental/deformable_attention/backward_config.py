@@ -17,12 +17,10 @@ T*N_p samples per partition. Loads and stores are contiguous runs of sample rows
 
 Channel tiles
 -------------
-grad_output rows, the per-block products and the gathered rows hold ``C_t`` channels: the
-whole C_h whenever that fits the SBUF budget with some T (the plan of an untiled kernel),
-otherwise the widest ``C_t = ceil(C_h / n)`` that fits (rounded up to a multiple of 128 on the
-transpose path), then the most blocks T at that width. Each super-tile then makes one
-gather/dot/scatter pass per channel tile; the per-corner dot products of the passes are added
-in fp32. Only N_p stays bounded (the per-sample tiles); the error says how many points fit.
+grad_output rows, the per-block products and the gathered rows hold ``C_t`` channels (C_h
+whenever that fits SBUF, else one pass per channel tile): ``backward_tiling`` plans them and
+lists the SBUF tiles. Only N_p stays bounded (the per-sample tiles); the error says how many
+points fit.
 
 Gathers and scatters work on 128-row (rows, C_h) views of value / the K buffers, in ROW units
 (BLNC row = pix*N_h + h, BNLC row = h*L + pix; the batch goes into the access-pattern
@@ -37,8 +35,8 @@ per partition. Partition j adds into buffer ``k(j) = floor((j - j0)/G)``, so
 ``K = ceil(P_s/G)`` (P_s = 128: N_h=8, N_l=4 gives K=4; N_h=4, N_l=4 gives K=8, as upstream).
 With no cap, P_s is the power of two whose estimated DMA work (buffers' zero + reduce
 bytes against the scatter's serial read-modify-writes, :func:`scatter_dma_cost`) is
-least (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8), or the K
-of a given ``grad_value_buffers_in``. Proof that the
+least (``backward_scatter_plan``; e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150
+map, N_h = 8), or the K of a given ``grad_value_buffers_in``. Proof that the
 targets ``k*R + row`` (``0 <= row < R = L*N_h``) of one instruction are distinct: equal k
 means floor((j1-j0)/G) = floor((j2-j0)/G), so 0 < |j1 - j2| < G and the two partitions carry
 different (h, l) (blocks start at multiples of G). Different h: BLNC rows differ mod N_h,
@@ -70,58 +68,26 @@ reduction (core s reduces band s of every batch).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
-from nkilib_msda.hardware import (
-    DMA_ENGINES, DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS,
-    PARTITIONS_PER_DMA_ENGINE, PLANNER_SBUF_BUDGET,
-    PSUM_BANK_BYTES)
+from nkilib_msda.experimental.deformable_attention.backward_scatter_plan import default_scatter_partitions
+from nkilib_msda.experimental.deformable_attention.backward_tiling import (
+    SbufTiles, channel_tile_widths, fit_sbuf, sbuf_bytes, sbuf_tiles, transpose_chunks,
+    transpose_gather_columns)
+from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET,
+                                  PSUM_BANK_BYTES)
 from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
 MAX_DMA_COMPUTE_SOURCES = 16
-MAX_BLOCKS_PER_TILE = 16
 # The planners' one SBUF budget (nkilib_msda.hardware); the kernel passes its target's.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 GATHER_METHODS = ("transpose", "copy")
-REDUCE_FREE_ELEMENTS = 2048  # fp32 elements per partition in one zero / reduce tile
-# Upstream's DMA-transpose packet limit: at most 64 // r index columns per transpose, r = 128 / min(C_h, 128).
-TRANSPOSE_PACKET_COLUMNS = 64
-# Assumed DMA cost of one scatter descriptor beyond its bytes, in bytes an engine streams in
-# that time: unpublished. The timing model's nominal per-descriptor cost of small indirect
-# rows (40 ns) at one engine's 23 B/ns (nki-dma-bandwidth-guide.html) is about 920 B.
-SCATTER_DESCRIPTOR_OVERHEAD_BYTES = 1024
-# Transpose gathers: copies of the transposed tile, so the gather of the next index columns
-# overlaps the PE transposes of the previous ones.
-GATHER_TRANSPOSE_BUFS = 2
-
-
-def gather_band(channels: int) -> int:
-    """Partitions per band of a transpose gather of ``channels`` channels: the gather's index
-    columns are split over ``128 // band`` indirect transposes into partitions [j * band,
-    j * band + channels), so they use the DMA engines of all 128 partitions (engine e serves
-    partitions 8e..8e+7) instead of those of the first ``channels``. Bands start at 0/32/64/96
-    (<= 32 partitions) or 0/64 (<= 64): the starts the PE transpose may read from."""
-    return 32 if channels <= 32 else 64 if channels <= 64 else PARTITIONS
-
-
-def gather_split(gather_columns: int, channels: int) -> tuple[int, int]:
-    """(band, m): transpose j of a gather takes index columns [j * m, min(M_g, (j + 1) * m))
-    into partitions [j * band, j * band + channels); m = ceil(M_g / (128 // band))."""
-    band = gather_band(channels)
-    return band, -(-gather_columns // (PARTITIONS // band))
+PAIR_MIN_INDICES = 2 * PARTITIONS  # a cap of >= 256 indices lets one index move an (x0, x1) pair
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
-
-
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
 
 
 def _check_cap(name: str, cap: int | None) -> None:
@@ -162,7 +128,7 @@ class BackwardConfig:
     compute_grad_attention_weights: bool
     # memory plan
     sbuf_budget: int
-    sbuf_tiles: tuple[tuple[str, tuple[int, ...], str], ...] = field(repr=False)
+    sbuf_tiles: SbufTiles = field(repr=False)
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -183,7 +149,7 @@ class BackwardConfig:
     @staticmethod
     def transpose_chunks(width: int) -> tuple[tuple[int, int], ...]:
         """(offset, channels) <= 128 channels per dma_transpose within a channel tile of ``width``."""
-        return _transpose_chunks(width)
+        return transpose_chunks(width)
 
     @property
     def needs_gather(self) -> bool:
@@ -245,7 +211,7 @@ class BackwardConfig:
 
     @property
     def sbuf_bytes_per_partition(self) -> int:
-        return sum(_tile_bytes(shape, dtype) for _, shape, dtype in self.sbuf_tiles)
+        return sbuf_bytes(self.sbuf_tiles)
 
     @property
     def scratch_hbm_bytes(self) -> int:
@@ -270,146 +236,6 @@ class BackwardConfig:
         }
 
 
-_DTYPE_BYTES = DTYPE_BYTES
-PAIR_MIN_INDICES = 2 * PARTITIONS  # a cap of >= 256 indices lets one index move an (x0, x1) pair
-
-
-def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
-    n = math.prod(shape) * _DTYPE_BYTES[dtype]
-    return -(-n // 4) * 4
-
-
-def _sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
-                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
-                pairs: bool) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-    """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
-
-    Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
-    = (sample, y-corner a, x-corner b); per-block tiles hold the 4*N_p columns of one block.
-    Channel tiles of ``width`` channels size grad, work and gathered; ``tiled`` (more than
-    one channel tile) adds the per-block partial dot products summed over the tiles.
-    """
-    n_p, c_h = problem.num_points, width
-    f = blocks * n_p
-    cols = 4 * n_p
-    tiles = [
-        ("consts", (16,), "float32"),
-        ("kscale", (1,), "int32"),
-        ("kscale_f", (1,), "float32"),
-        ("loc", (f, 2), "float32"),
-        ("attn", (f,), "float32"),
-        ("okmask", (2, f), "int32"),
-        ("xy", (2, f), "float32"),
-        ("xy_int", (2, f), "int32"),
-        ("xy_tmp", (2, f), "float32"),
-        ("frac", (2, f), "float32"),
-        ("scale_a", (2, f), "float32"),
-        ("corner", (2, 2, f), "float32"),
-        ("corner_c", (2, 2, f), "float32"),
-        ("valid", (2, 2, f), "float32"),
-        ("fw", (2, 2, f), "float32"),
-        ("xterm", (2, f), "float32"),
-        ("rows", (f, 4), "float32"),
-        ("weights", (f, 4), "float32"),
-        ("vbits", (f, 4), "int32"),
-        ("grad", (blocks, c_h), "float32"),
-        ("work", (cols, c_h), "float32"),
-    ]
-    if pairs:
-        tiles += [("pair_rows", (f, 2), "float32"), ("pair_sel", (f, 2), "float32"),
-                  ("pair_masks", (2, f, 2), "int32"), ("pair_tmp", (f, 4), "float32"),
-                  ("pair_coef", (f, 4), "float32"), ("pair_bits", (f, 4), "int32")]
-    if want_gather:
-        tiles += [
-            ("gidx", (f * 4,), "uint32" if gather_method == "transpose" else "int32"),
-            ("dc", (f, 4), "float32"),
-            ("dwx", (f, 4), "float32"),
-            ("dwy", (f, 4), "float32"),
-            ("prod4", (f, 4), "float32"),
-            ("gathered", (cols, c_h), value_dtype),
-            ("gaw", (f,), "float32"),
-            ("gaw_out", (f,), value_dtype),
-            ("gsl", (f, 2), "float32"),
-            ("grad_scale", (3,), "float32"),
-        ]
-        if tiled:
-            tiles.append(("dot_part", (n_p, 4), "float32"))
-        if gather_method == "transpose":  # bands of channels x m*128 gathered rows, 2 copies
-            m = max(gather_split(gather_columns, c)[1] for _, c in _transpose_chunks(width))
-            tiles.append(("transposed", (GATHER_TRANSPOSE_BUFS, m * PARTITIONS), value_dtype))
-    if want_value:
-        tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32")]
-    tiles += [
-        ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
-        ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),
-        ("red_out", (REDUCE_FREE_ELEMENTS,), value_dtype),
-    ]
-    return tuple(tiles)
-
-
-def _transpose_gather_columns(cols: int, channels: int, cap: int | None) -> int:
-    """M_g: index columns per transpose gather of ``channels`` (<= 128 used) channels; no cap
-    means as many as upstream's packet limit allows."""
-    limit = min(cols, TRANSPOSE_PACKET_COLUMNS // (PARTITIONS // min(channels, PARTITIONS)))
-    if cap != None:  # noqa: E711
-        limit = min(limit, cap // PARTITIONS)
-    return _largest_divisor_at_most(cols, max(limit, 1))
-
-
-def _sbuf_bytes(tiles: tuple[tuple[str, tuple[int, ...], str], ...]) -> int:
-    return sum(_tile_bytes(shape, dtype) for _, shape, dtype in tiles)
-
-
-def _transpose_chunks(width: int) -> tuple[tuple[int, int], ...]:
-    return tuple((c0, min(DMA_TRANSPOSE_MAX_FREE, width - c0)) for c0 in range(0, width, DMA_TRANSPOSE_MAX_FREE))
-
-
-def _channel_tile_widths(head_dim: int, gather_method: str) -> list[int]:
-    """Candidate channel-tile widths C_t, widest first: C_h, then ceil(C_h / n) for n = 2, 3, ...
-
-    The transpose gather rounds a width above 128 up to a multiple of 128, so every tile but
-    the last splits into whole 128-channel transposes.
-    """
-    widths: list[int] = []
-    for n in range(1, head_dim + 1):
-        width = -(-head_dim // n)
-        if gather_method == "transpose" and width > DMA_TRANSPOSE_MAX_FREE:
-            width = min(head_dim, -(-width // DMA_TRANSPOSE_MAX_FREE) * DMA_TRANSPOSE_MAX_FREE)
-        if not widths or width < widths[-1]:
-            widths.append(width)
-        if width == 1:
-            break
-    return widths
-
-
-def _fit_sbuf(tiles_for, widths: list[int], budget: int) -> tuple[int, int]:
-    """(C_t, T): the widest channel tile that fits ``budget`` with some blocks per super-tile,
-    then the most blocks (a power of two <= 16) at that width; T = 0 when nothing fits.
-
-    The full width is tried first (one channel tile: the kernel as without tiling); the bytes
-    grow with the width, so the narrower widths are bisected.
-    """
-    def fits(width: int, blocks: int) -> bool:
-        return _sbuf_bytes(tiles_for(blocks, width)) <= budget
-
-    if fits(widths[0], 1):
-        width = widths[0]
-    else:
-        narrower = widths[1:]
-        lo, hi = 0, len(narrower)  # the first fitting index lies in [lo, hi]; len = none
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fits(narrower[mid], 1):
-                hi = mid
-            else:
-                lo = mid + 1
-        if lo == len(narrower):
-            return widths[-1], 0
-        width = narrower[lo]
-    blocks = MAX_BLOCKS_PER_TILE
-    while blocks > 1 and not fits(width, blocks):
-        blocks //= 2
-    return width, blocks
 
 
 def plan_backward(
@@ -448,7 +274,7 @@ def plan_backward(
                          "expected at least one True, got all False")
     if value_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"value: expected dtype float32, bfloat16 or float16, got {value_dtype}")
-    itemsize = _DTYPE_BYTES[value_dtype]
+    itemsize = DTYPE_BYTES[value_dtype]
 
     n_h, n_l, n_p, c_h = problem.num_heads, problem.num_levels, problem.num_points, problem.head_dim
     groups = n_h * n_l
@@ -473,7 +299,7 @@ def plan_backward(
                              f"indices per DMA, got {cap}; use gather_method='copy' for smaller caps")
         gather_partitions = _pow2_floor(cap)
     elif method == "transpose":
-        gather_columns = _transpose_gather_columns(cols, c_h, cap)
+        gather_columns = transpose_gather_columns(cols, c_h, cap)
     else:
         gather_pairs = (cap == None or cap >= PAIR_MIN_INDICES) and pairs_possible  # noqa: E711
     # scatter plan
@@ -494,24 +320,24 @@ def plan_backward(
         scatter_partitions //= 2
         k_base = -(-scatter_partitions // groups)
 
-    def tiles_for(blocks: int, width: int, points: int = n_p) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    def tiles_for(blocks: int, width: int, points: int = n_p) -> SbufTiles:
         shape = problem if points == n_p else replace(problem, num_points=points)
-        return _sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
+        return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
                            compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
                            gather_pairs or scatter_pairs)
 
-    width, blocks = _fit_sbuf(tiles_for, _channel_tile_widths(c_h, method), sbuf_budget)
+    width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
     if blocks == 0:
-        used = _sbuf_bytes(tiles_for(1, 1))
+        used = sbuf_bytes(tiles_for(1, 1))
         fitting = next((k for k in range(n_p - 1, 0, -1)  # an error path: a plain scan will do
-                        if _sbuf_bytes(tiles_for(1, 1, k)) <= sbuf_budget), 0)
+                        if sbuf_bytes(tiles_for(1, 1, k)) <= sbuf_budget), 0)
         raise ValueError(
             f"SBUF: the backward tiles need {used:,} bytes per partition even with one block per "
             f"super-tile and one channel per channel tile, over the budget {sbuf_budget:,} "
             f"(value dtype {value_dtype}, C_h = {c_h}); sampling_locations: N_p = {n_p} points set "
             f"the per-partition sample tiles, at most N_p = {fitting} fits")
     if method == "transpose" and width < min(c_h, PARTITIONS):  # narrower transposes: fewer columns
-        gather_columns = _transpose_gather_columns(cols, width, max_gather_indices_per_indirect)
+        gather_columns = transpose_gather_columns(cols, width, max_gather_indices_per_indirect)
     tiles = tiles_for(blocks, width)
     channel_tiles = tuple((c0, min(width, c_h - c0)) for c0 in range(0, c_h, width))
     psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (min(width, PARTITIONS) * itemsize)))
@@ -525,44 +351,6 @@ def plan_backward(
         compute_grad_sampling_locations=compute_grad_sampling_locations,
         compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
         sbuf_tiles=tiles)
-
-
-def scatter_dma_cost(problem: MSDAProblem, lnc: int, sets: int, groups: int,
-                     scatter_partitions: int) -> float:
-    """Estimated DMA-engine work of the grad_value path of one core, in bytes streamed by one
-    DMA engine (lower is faster): zeroing and reducing the K = ceil(P_s / G) buffers of each
-    set, spread over all DMA engines, plus the scatter, whose read-modify-write instructions
-    into one buffer set follow each other (each may touch the rows of the previous one) and
-    so use only the ceil(P_s / 8) engines of their partitions (of every set, round robin).
-
-    Buffers: 2 * 4 B * sets * K * B * L * N_h * C_h (zero, then read once). Scatter: 4
-    descriptors of 4 * C_h bytes per sample (x-pairs are two runs), B*N_q*N_h*N_l*N_p / lnc
-    samples, each read and written plus SCATTER_DESCRIPTOR_OVERHEAD_BYTES.
-    """
-    p = problem
-    k = -(-scatter_partitions // groups)
-    rows = p.batch * p.total_pixels * p.num_heads
-    buffers = 2 * 4 * sets * k * rows * p.head_dim / DMA_ENGINES
-    descriptors = 4 * p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points / lnc
-    engines = min(DMA_ENGINES, -(-scatter_partitions // PARTITIONS_PER_DMA_ENGINE) * sets)
-    scatter = descriptors * (2 * 4 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / engines
-    return buffers + scatter
-
-
-def default_scatter_partitions(problem: MSDAProblem, lnc: int, sets: int, groups: int) -> int:
-    """P_s with no cap: the power of two <= 128 of least :func:`scatter_dma_cost` (the larger
-    on a tie). Few queries on a large map (decoders) take fewer partitions and buffers than
-    128 (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8); the encoder
-    shapes take 128."""
-    # A plain loop: torch.compile traces the planners (no min(..., key=...) there).
-    best, best_cost = PARTITIONS, scatter_dma_cost(problem, lnc, sets, groups, PARTITIONS)
-    ps = PARTITIONS // 2
-    while ps >= 1:
-        cost = scatter_dma_cost(problem, lnc, sets, groups, ps)
-        if cost < best_cost:
-            best, best_cost = ps, cost
-        ps //= 2
-    return best
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

@@ -39,12 +39,11 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
-from nkilib_msda.experimental.deformable_attention import coordinates as crd
-from nkilib_msda.experimental.deformable_attention.backward_config import (
-    GATHER_TRANSPOSE_BUFS, gather_split, plan_backward)
+from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
+from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
+from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
-from nkilib_msda.experimental.kernel_commons import (PARTITIONS, core_barrier, core_info,
-                                                     kernel_sbuf_budget)
+from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
 from nkilib_msda.validation.msda import dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
@@ -198,15 +197,15 @@ class _BackwardKernel:
     """Instruction emission for one program (logical core).
 
     All state (views of the inputs, outputs, on-chip tiles, HBM buffer sets) is created here
-    in ``__init__``; the methods only emit instructions (the round-robin counters of the
-    scatter buffer sets and of the transposed gather tiles are the fields they update).
+    in ``__init__``; the methods only emit instructions. The corner gathers and dot products
+    (``backward_gather``) and the grad_value scatter (``backward_scatter``) are helpers that
+    keep their own round-robin counters.
     """
 
     def __init__(self, cfg, core, value, grad_output, locations, attention, buffers_in):
         self.cfg, self.core = cfg, core
         p = self.p = cfg.problem
         self.vdt = value.dtype
-        self.value2d = value.reshape((p.batch * cfg.rows_per_batch, p.head_dim))
         self.grad_flat = grad_output.reshape((p.batch * p.num_queries * p.num_heads * p.head_dim,))
         rows = p.batch * p.num_queries * cfg.groups
         if p.sampling_locations_layout == "BQHLP2":
@@ -216,8 +215,6 @@ class _BackwardKernel:
         self.attn2d = attention.reshape((rows, p.num_points))
         self.want_gsl = cfg.compute_grad_sampling_locations
         self.want_gaw = cfg.compute_grad_attention_weights
-        self.dma_count = 0
-        self.transpose_count = 0
         self.grad_value = self.gsl_out = self.gaw_out = None
         if cfg.compute_grad_value:
             self.grad_value = nl.ndarray(p.value_shape, dtype=self.vdt, buffer=nl.shared_hbm, name="grad_value")
@@ -228,7 +225,6 @@ class _BackwardKernel:
             self.gaw_out = nl.ndarray(p.attention_weights_shape, dtype=self.vdt, buffer=nl.shared_hbm,
                                       name="grad_attention_weights")
         self.t = allocate_tiles(cfg, self.vdt)
-        self.psum = self.t.psum
         self.buffer_sets = []
         if cfg.compute_grad_value:
             rows_total = p.batch * cfg.total_buffers * cfg.rows_per_batch
@@ -238,6 +234,8 @@ class _BackwardKernel:
                 self.buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32,
                                                buffer=nl.shared_hbm, name=f"grad_value_buffers_{s}")
                                     for s in range(cfg.scatter_sets)]
+        self.gather = CornerGather(cfg, self.t, value.reshape((p.batch * cfg.rows_per_batch, p.head_dim)))
+        self.scatter = GradValueScatter(cfg, self.t, core, self.buffer_sets)
 
     def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
         cfg, p = self.cfg, self.p
@@ -303,14 +301,14 @@ class _BackwardKernel:
             if i:
                 self._load_grad(b, q0, n, blocks, c0, width)
             if cfg.needs_gather:
-                self._gather_and_dots(b, n, blocks, c0, width, first=i == 0)
+                self.gather.dots(b, n, blocks, c0, width, first=i == 0)
                 if i == len(channel_tiles) - 1:
-                    self._finish_dots(n, f)
+                    self.gather.finish(n, f)
                     self._sample_gradients(b, row0, n, f, blocks)
             if cfg.compute_grad_value:
                 if scatter_terms == None:  # noqa: E711
-                    scatter_terms = self._scatter_terms(n, f)
-                self._scatter(b, n, blocks, c0, width, *scatter_terms)
+                    scatter_terms = self.scatter.terms(n, f)
+                self.scatter.tile(b, n, blocks, c0, width, *scatter_terms)
 
     def _load_grad(self, b: int, q0: int, n: int, blocks: int, c0: int, width: int) -> None:
         """grad[j, blk, 0:width] = grad_output channels [c0, c0 + width) of partition j's (q, h)."""
@@ -321,62 +319,6 @@ class _BackwardKernel:
             [[n_h * c_h, queries], [c_h, n_h], [0, n_l], [cfg.queries_per_block * n_h * c_h, blocks], [1, width]],
             offset=(b * p.num_queries + q0) * n_h * c_h + c0)
         nisa.dma_copy(dst=t.grad[0:n, 0:blocks, 0:width], src=grad_src)
-
-    # ------------------------------------------------------------------ gathers
-    def _gather_block(self, b: int, n: int, blk: int, c0: int, width: int) -> None:
-        """gathered[0:n, col, 0:width] = channels [c0, c0 + width) of the value rows of the
-        block's 4*N_p columns (or x-pairs)."""
-        cfg, p, t = self.cfg, self.p, self.t
-        cols = cfg.columns_per_block
-        c_h = p.head_dim
-        base = b * cfg.rows_per_batch * c_h + c0
-        gathered = t.gathered
-        if cfg.gather_method == "transpose":
-            gidx = t.gidx
-            mg = cfg.gather_columns
-            for g0 in range(0, cols, mg):
-                col0 = blk * cols + g0
-                for t0, c in cfg.transpose_chunks(width):
-                    # Columns split over partition bands (all DMA engines), transposed tiles
-                    # rotated (the next gather overlaps these PE transposes): gather_split.
-                    band, m = gather_split(mg, c)
-                    tr = t.transposed[self.transpose_count % GATHER_TRANSPOSE_BUFS]
-                    self.transpose_count += 1
-                    for j in range(PARTITIONS // band):
-                        k0, kn = j * m, min(m, mg - j * m)
-                        if kn <= 0:
-                            break
-                        src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
-                                              vector_offset=gidx[0:PARTITIONS, col0 + k0:col0 + k0 + kn])
-                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src)
-                    for k0 in range(0, mg, cfg.psum_columns):
-                        k1 = min(mg, k0 + cfg.psum_columns)
-                        for k in range(k0, k1):
-                            j, i = divmod(k, m)
-                            nisa.nc_transpose(dst=self.psum[0:PARTITIONS, k - k0, 0:c],
-                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS])
-                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
-                                         src=self.psum[0:n, 0:k1 - k0, 0:c])
-            return
-        step = float(p.num_heads if p.value_layout == "BLNC" else 1)
-        if cfg.gather_pairs:
-            idx = t.gidx
-            for pc in range(cols // 2):  # pair column = (point, a)
-                col = blk * (cols // 2) + pc
-                for j0 in range(0, n, cfg.gather_partitions):
-                    j1 = min(n, j0 + cfg.gather_partitions)
-                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, width]], offset=base,
-                                          vector_offset=idx[j0:j1, col:col + 1])
-                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, 0:width], src=src)
-            return
-        idx = t.gidx
-        for tc in range(cols):
-            col = blk * cols + tc
-            for j0 in range(0, n, cfg.gather_partitions):
-                j1 = min(n, j0 + cfg.gather_partitions)
-                src = self.value2d.ap([[c_h, j1 - j0], [1, width]], offset=base,
-                                      vector_offset=idx[j0:j1, col:col + 1])
-                nisa.dma_copy(dst=gathered[j0:j1, tc, 0:width], src=src)
 
     def _grad_scales(self, b: int, q0: int, n: int, blocks: int) -> None:
         """grad_scale[j] = (2^-k, 2^k): the power of two that brings partition j's largest
@@ -417,51 +359,6 @@ class _BackwardKernel:
         nisa.tensor_scalar(dst=bits[:, 1:2], data=bits[:, 0:1], op0=nl.subtract, operand0=_TWO_POW_127_BITS,
                            reverse0=True)
 
-    def _gather_and_dots(self, b: int, n: int, blocks: int, c0: int, width: int, first: bool) -> None:
-        """Per-corner dot products <grad_output row * 2^-k(j), value row> over channels
-        [c0, c0 + width), in fp32 (k from :meth:`_grad_scales`): written by the first channel
-        tile, added by the others (into ``dc``, or into ``prod4`` per pair slot)."""
-        cfg, p, t = self.cfg, self.p, self.t
-        f = blocks * p.num_points
-        cols = cfg.columns_per_block
-        dots = t.prod4 if cfg.gather_pairs else t.dc
-        row_scale = t.grad_scale[0:n, 0:1]
-        if first:
-            if cfg.gather_pairs:
-                nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
-            else:
-                nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])
-        for blk in range(blocks):
-            self._gather_block(b, n, blk, c0, width)
-            work = t.work[0:n, :, 0:width]
-            g = t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, cols)
-            nisa.scalar_tensor_tensor(dst=work, data=g, op0=nl.multiply, operand0=row_scale,
-                                      op1=nl.multiply, operand1=t.gathered[0:n, :, 0:width])
-            dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
-            part = dst if first else t.dot_part[0:n, :, :]
-            nisa.tensor_reduce(dst=part, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
-            if not first:
-                nisa.tensor_tensor(dst=dst, data1=dst, data2=part, op=nl.add)
-
-    def _finish_dots(self, n: int, f: int) -> None:
-        """dc[j, sample, corner]: the pair slot selected per corner, out-of-map corners zeroed."""
-        cfg, t = self.cfg, self.t
-        if cfg.gather_pairs:  # dc_ab = D_a,slot(b): a bitwise select of the pair slot of corner b
-            # (not (1 - sel) * D_a0 + sel * D_a1: the pair's other pixel need not be a corner,
-            # and 0 * inf there would be NaN; a large value there would also cancel D_a1)
-            d = t.prod4[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            dc = t.dc[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            other = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            masks = t.pair_masks[0:n, :, 0:f, :]
-            for slot, dst in ((0, dc), (1, other)):
-                crd.mask_bits(dst, d[:, :, :, slot:slot + 1].broadcast(3, 2),
-                              masks[:, slot].expand_dim(2).broadcast(2, 2))
-            nisa.tensor_tensor(dst=dc.view(nl.int32), data1=dc.view(nl.int32), data2=other.view(nl.int32),
-                               op=nl.bitwise_or)
-        # A corner outside the map read its clamped pixel: its dot product is exactly 0.
-        dc = t.dc[0:n, 0:f, :]
-        crd.mask_bits(dc, dc, t.vbits[0:n, 0:f, :])
-
     def _sample_gradients(self, b: int, row0: int, n: int, f: int, blocks: int) -> None:
         cfg, p, t = self.cfg, self.p, self.t
         rpb = cfg.partitions_per_block
@@ -500,82 +397,3 @@ class _BackwardKernel:
                     prow = (b * 2 + c) * plane + q_row
                     nisa.dma_copy(dst=_rows_ap(out2d, prow, n, blocks, rpb), src=gsl[:, :, c])
 
-    # ------------------------------------------------------------------ scatter
-    def _scatter_terms(self, n: int, f: int):
-        """Per-corner (or per pair slot) scatter coefficients, validity bits and indices of
-        the super-tile; returns the (coef, bits) views that every channel tile's scatter reads."""
-        cfg, t = self.cfg, self.t
-        coef = t.coef[0:n, 0:f, :]
-        attn = t.attn[0:n, 0:f]
-        nisa.tensor_tensor(dst=coef, data1=t.weights[0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
-                           op=nl.multiply)
-        kscale = t.kscale_f[0:n, 0:1]
-        sidx = t.sidx
-        if cfg.scatter_pairs:
-            # an invalid corner's coef is a * 0 (NaN for an infinite a): zero it bitwise before
-            # it is mixed into the pair slots below
-            crd.mask_bits(coef, coef, t.vbits[0:n, 0:f, :])
-            # slot coefficients of the pair: S_s = sum_b coef_ab where corner b sits in slot s,
-            # selected bitwise (not sel_b * coef_ab: 0 * inf would be NaN for an infinite
-            # weight; not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
-            c4 = coef.reshape_dim(2, (2, 2))
-            tmp = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            pc = t.pair_coef[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            masks = t.pair_masks[0:n, :, 0:f, :]
-            for slot in range(2):
-                crd.mask_bits(tmp, c4, masks[:, slot].expand_dim(2).broadcast(2, 2))
-                nisa.tensor_reduce(dst=pc[:, :, :, slot], op=nl.add, data=tmp, axis=3)
-            coef = t.pair_coef[0:n, 0:f, :]
-            # pair slot (a, s) is written by some valid corner: OR_b (in slot s)_b & valid_ab
-            vb = t.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            tmp_i = tmp.view(nl.int32)
-            pb = t.pair_bits[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            for slot in range(2):
-                nisa.tensor_tensor(dst=tmp_i, data1=masks[:, slot].expand_dim(2).broadcast(2, 2), data2=vb,
-                                   op=nl.bitwise_and)
-                nisa.tensor_tensor(dst=pb[:, :, :, slot], data1=tmp_i[:, :, :, 0], data2=tmp_i[:, :, :, 1],
-                                   op=nl.bitwise_or)
-            bits = t.pair_bits[0:n, 0:f, :]
-            nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t.pair_rows[0:n, 0:f, :], op0=nl.add,
-                               operand0=kscale)
-        else:
-            nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t.rows[0:n, 0:f, :], op0=nl.add, operand0=kscale)
-            bits = t.vbits[0:n, 0:f, :]
-        return coef, bits
-
-    def _scatter(self, b: int, n: int, blocks: int, c0: int, width: int, coef, bits) -> None:
-        """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers."""
-        cfg, p, t = self.cfg, self.p, self.t
-        cols = cfg.columns_per_block
-        step = p.num_heads if p.value_layout == "BLNC" else 1
-        for blk in range(blocks):
-            work = t.work[0:n, :, 0:width]
-            points = slice(blk * p.num_points, (blk + 1) * p.num_points)
-            cb = coef[:, points, :]
-            work4 = work.reshape_dim(1, (p.num_points, 4))
-            nisa.tensor_tensor(dst=work4,
-                               data1=cb.expand_dim(3).broadcast(3, width),
-                               data2=t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
-                               .expand_dim(2).broadcast(2, 4),
-                               op=nl.multiply)
-            # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
-            crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
-            if cfg.scatter_pairs:
-                for pcol in range(cols // 2):
-                    col = blk * (cols // 2) + pcol
-                    for j0 in range(0, n, cfg.scatter_partitions):
-                        j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, t.sidx[j0:j1, col:col + 1],
-                                          t.work[j0:j1, 2 * pcol:2 * pcol + 2, 0:width], j1 - j0, step, c0, width)
-            else:
-                for tc in range(cols):
-                    col = blk * cols + tc
-                    for j0 in range(0, n, cfg.scatter_partitions):
-                        j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._scatter_one(b, t.sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, 0:width], j1 - j0, 0,
-                                          c0, width)
-
-    def _scatter_one(self, b, index_col, data, parts, pair_step, c0, width) -> None:
-        buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
-        self.dma_count += 1
-        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step, c0, width)

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from nkilib_msda.experimental.deformable_attention.backward_config import (
-    FP32_EXACT_INT_MAX, PARTITIONS, SCATTER_DESCRIPTOR_OVERHEAD_BYTES, TRN2_SBUF_BUDGET, buffer_index,
-    GATHER_TRANSPOSE_BUFS, gather_split, plan_backward, scatter_dma_cost)
+    FP32_EXACT_INT_MAX, PARTITIONS, TRN2_SBUF_BUDGET, buffer_index, plan_backward)
+from nkilib_msda.experimental.deformable_attention.backward_scatter_plan import (
+    SCATTER_DESCRIPTOR_OVERHEAD_BYTES, scatter_dma_cost)
+from nkilib_msda.experimental.deformable_attention.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
 from msda_cases import msda_problem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
@@ -255,12 +257,12 @@ def test_tiling_starts_one_channel_past_the_largest_single_tile(dt, method):
 
 
 def test_channel_tile_widths_and_transpose_chunks():
-    from nkilib_msda.experimental.deformable_attention.backward_config import (
-        BackwardConfig, _channel_tile_widths)
+    from nkilib_msda.experimental.deformable_attention.backward_config import BackwardConfig
+    from nkilib_msda.experimental.deformable_attention.backward_tiling import channel_tile_widths
 
     for c_h in (1, 7, 128, 129, 1000, 3096):
         for method in ("copy", "transpose"):
-            widths = _channel_tile_widths(c_h, method)
+            widths = channel_tile_widths(c_h, method)
             assert widths[0] == c_h and widths[-1] == 1
             assert all(a > b for a, b in zip(widths, widths[1:]))
             if method == "transpose":

@@ -1,0 +1,129 @@
+"""Corner gathers of the MSDA backward kernel: value rows of every (point, corner) of a
+super-tile and their per-corner dot products with the grad_output rows, in fp32.
+
+Transpose path (2-byte values): indirect ``dma_transpose`` of <= 128-channel chunks, index
+columns spread over partition bands (``backward_tiling.gather_split``), PE transposes back
+through PSUM; copy path: indirect ``dma_copy`` of one row per index, or of the (x0, x1)
+corner pair with ``gather_pairs``. Layouts: ``backward_tiles``.
+"""
+
+from __future__ import annotations
+
+from nkilib_msda._nki import nisa, nl
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
+from nkilib_msda.experimental.kernel_commons import PARTITIONS
+
+__all__ = ["CornerGather"]
+
+
+class CornerGather:
+    """Gathers and dot products of one program; ``value2d`` is value viewed as (B*R, C_h) rows.
+
+    The transposed gather tiles are taken round robin (the one field the methods update).
+    """
+
+    def __init__(self, cfg, tiles, value2d) -> None:
+        self.cfg, self.p, self.t = cfg, cfg.problem, tiles
+        self.value2d = value2d
+        self.transpose_count = 0
+
+    def block(self, b: int, n: int, blk: int, c0: int, width: int) -> None:
+        """gathered[0:n, col, 0:width] = channels [c0, c0 + width) of the value rows of the
+        block's 4*N_p columns (or x-pairs)."""
+        cfg, p, t = self.cfg, self.p, self.t
+        cols = cfg.columns_per_block
+        c_h = p.head_dim
+        base = b * cfg.rows_per_batch * c_h + c0
+        gathered = t.gathered
+        if cfg.gather_method == "transpose":
+            gidx = t.gidx
+            mg = cfg.gather_columns
+            for g0 in range(0, cols, mg):
+                col0 = blk * cols + g0
+                for t0, c in cfg.transpose_chunks(width):
+                    # Columns split over partition bands (all DMA engines), transposed tiles
+                    # rotated (the next gather overlaps these PE transposes): gather_split.
+                    band, m = gather_split(mg, c)
+                    tr = t.transposed[self.transpose_count % GATHER_TRANSPOSE_BUFS]
+                    self.transpose_count += 1
+                    for j in range(PARTITIONS // band):
+                        k0, kn = j * m, min(m, mg - j * m)
+                        if kn <= 0:
+                            break
+                        src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
+                                              vector_offset=gidx[0:PARTITIONS, col0 + k0:col0 + k0 + kn])
+                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src)
+                    for k0 in range(0, mg, cfg.psum_columns):
+                        k1 = min(mg, k0 + cfg.psum_columns)
+                        for k in range(k0, k1):
+                            j, i = divmod(k, m)
+                            nisa.nc_transpose(dst=self.t.psum[0:PARTITIONS, k - k0, 0:c],
+                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS])
+                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
+                                         src=self.t.psum[0:n, 0:k1 - k0, 0:c])
+            return
+        step = float(p.num_heads if p.value_layout == "BLNC" else 1)
+        if cfg.gather_pairs:
+            idx = t.gidx
+            for pc in range(cols // 2):  # pair column = (point, a)
+                col = blk * (cols // 2) + pc
+                for j0 in range(0, n, cfg.gather_partitions):
+                    j1 = min(n, j0 + cfg.gather_partitions)
+                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, width]], offset=base,
+                                          vector_offset=idx[j0:j1, col:col + 1])
+                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, 0:width], src=src)
+            return
+        idx = t.gidx
+        for tc in range(cols):
+            col = blk * cols + tc
+            for j0 in range(0, n, cfg.gather_partitions):
+                j1 = min(n, j0 + cfg.gather_partitions)
+                src = self.value2d.ap([[c_h, j1 - j0], [1, width]], offset=base,
+                                      vector_offset=idx[j0:j1, col:col + 1])
+                nisa.dma_copy(dst=gathered[j0:j1, tc, 0:width], src=src)
+
+    def dots(self, b: int, n: int, blocks: int, c0: int, width: int, first: bool) -> None:
+        """Per-corner dot products <grad_output row * 2^-k(j), value row> over channels
+        [c0, c0 + width), in fp32 (k from the kernel's ``_grad_scales``): written by the first channel
+        tile, added by the others (into ``dc``, or into ``prod4`` per pair slot)."""
+        cfg, p, t = self.cfg, self.p, self.t
+        f = blocks * p.num_points
+        cols = cfg.columns_per_block
+        dots = t.prod4 if cfg.gather_pairs else t.dc
+        row_scale = t.grad_scale[0:n, 0:1]
+        if first:
+            if cfg.gather_pairs:
+                nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
+            else:
+                nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])
+        for blk in range(blocks):
+            self.block(b, n, blk, c0, width)
+            work = t.work[0:n, :, 0:width]
+            g = t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, cols)
+            nisa.scalar_tensor_tensor(dst=work, data=g, op0=nl.multiply, operand0=row_scale,
+                                      op1=nl.multiply, operand1=t.gathered[0:n, :, 0:width])
+            dst = dots[0:n, blk * p.num_points:(blk + 1) * p.num_points, :]
+            part = dst if first else t.dot_part[0:n, :, :]
+            nisa.tensor_reduce(dst=part, op=nl.add, data=work.reshape_dim(1, (p.num_points, 4)), axis=3)
+            if not first:
+                nisa.tensor_tensor(dst=dst, data1=dst, data2=part, op=nl.add)
+
+    def finish(self, n: int, f: int) -> None:
+        """dc[j, sample, corner]: the pair slot selected per corner, out-of-map corners zeroed."""
+        cfg, t = self.cfg, self.t
+        if cfg.gather_pairs:  # dc_ab = D_a,slot(b): a bitwise select of the pair slot of corner b
+            # (not (1 - sel) * D_a0 + sel * D_a1: the pair's other pixel need not be a corner,
+            # and 0 * inf there would be NaN; a large value there would also cancel D_a1)
+            d = t.prod4[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            dc = t.dc[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            other = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            masks = t.pair_masks[0:n, :, 0:f, :]
+            for slot, dst in ((0, dc), (1, other)):
+                crd.mask_bits(dst, d[:, :, :, slot:slot + 1].broadcast(3, 2),
+                              masks[:, slot].expand_dim(2).broadcast(2, 2))
+            nisa.tensor_tensor(dst=dc.view(nl.int32), data1=dc.view(nl.int32), data2=other.view(nl.int32),
+                               op=nl.bitwise_or)
+        # A corner outside the map read its clamped pixel: its dot product is exactly 0.
+        dc = t.dc[0:n, 0:f, :]
+        crd.mask_bits(dc, dc, t.vbits[0:n, 0:f, :])

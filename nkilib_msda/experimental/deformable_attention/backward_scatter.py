@@ -1,0 +1,102 @@
+"""The grad_value scatter of the MSDA backward kernel: per-corner (or per pair slot)
+coefficients w * bilinear weight, data = coefficient * grad_output row with invalid corners
+masked bitwise to +0.0, and the scatter-RMW of P_s partitions at a time into the K replicated
+fp32 buffers (``backward_buffers.scatter_add``; uniqueness proof in ``backward_config``).
+"""
+
+from __future__ import annotations
+
+from nkilib_msda._nki import nisa, nl
+from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
+
+__all__ = ["GradValueScatter"]
+
+
+class GradValueScatter:
+    """Scatters of one program (logical core ``core``) into ``buffer_sets``, which successive
+    scatter DMAs take round robin (the one field the methods update)."""
+
+    def __init__(self, cfg, tiles, core: int, buffer_sets) -> None:
+        self.cfg, self.p, self.t = cfg, cfg.problem, tiles
+        self.core, self.buffer_sets = core, buffer_sets
+        self.dma_count = 0
+
+    def terms(self, n: int, f: int):
+        """Per-corner (or per pair slot) scatter coefficients, validity bits and indices of
+        the super-tile; returns the (coef, bits) views that every channel tile's scatter reads."""
+        cfg, t = self.cfg, self.t
+        coef = t.coef[0:n, 0:f, :]
+        attn = t.attn[0:n, 0:f]
+        nisa.tensor_tensor(dst=coef, data1=t.weights[0:n, 0:f, :], data2=attn.expand_dim(2).broadcast(2, 4),
+                           op=nl.multiply)
+        kscale = t.kscale_f[0:n, 0:1]
+        sidx = t.sidx
+        if cfg.scatter_pairs:
+            # an invalid corner's coef is a * 0 (NaN for an infinite a): zero it bitwise before
+            # it is mixed into the pair slots below
+            crd.mask_bits(coef, coef, t.vbits[0:n, 0:f, :])
+            # slot coefficients of the pair: S_s = sum_b coef_ab where corner b sits in slot s,
+            # selected bitwise (not sel_b * coef_ab: 0 * inf would be NaN for an infinite
+            # weight; not sum - S1, which would cancel a small coef_a0 against a large coef_a1)
+            c4 = coef.reshape_dim(2, (2, 2))
+            tmp = t.pair_tmp[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            pc = t.pair_coef[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            masks = t.pair_masks[0:n, :, 0:f, :]
+            for slot in range(2):
+                crd.mask_bits(tmp, c4, masks[:, slot].expand_dim(2).broadcast(2, 2))
+                nisa.tensor_reduce(dst=pc[:, :, :, slot], op=nl.add, data=tmp, axis=3)
+            coef = t.pair_coef[0:n, 0:f, :]
+            # pair slot (a, s) is written by some valid corner: OR_b (in slot s)_b & valid_ab
+            vb = t.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            tmp_i = tmp.view(nl.int32)
+            pb = t.pair_bits[0:n, 0:f, :].reshape_dim(2, (2, 2))
+            for slot in range(2):
+                nisa.tensor_tensor(dst=tmp_i, data1=masks[:, slot].expand_dim(2).broadcast(2, 2), data2=vb,
+                                   op=nl.bitwise_and)
+                nisa.tensor_tensor(dst=pb[:, :, :, slot], data1=tmp_i[:, :, :, 0], data2=tmp_i[:, :, :, 1],
+                                   op=nl.bitwise_or)
+            bits = t.pair_bits[0:n, 0:f, :]
+            nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t.pair_rows[0:n, 0:f, :], op0=nl.add,
+                               operand0=kscale)
+        else:
+            nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t.rows[0:n, 0:f, :], op0=nl.add, operand0=kscale)
+            bits = t.vbits[0:n, 0:f, :]
+        return coef, bits
+
+    def tile(self, b: int, n: int, blocks: int, c0: int, width: int, coef, bits) -> None:
+        """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers."""
+        cfg, p, t = self.cfg, self.p, self.t
+        cols = cfg.columns_per_block
+        step = p.num_heads if p.value_layout == "BLNC" else 1
+        for blk in range(blocks):
+            work = t.work[0:n, :, 0:width]
+            points = slice(blk * p.num_points, (blk + 1) * p.num_points)
+            cb = coef[:, points, :]
+            work4 = work.reshape_dim(1, (p.num_points, 4))
+            nisa.tensor_tensor(dst=work4,
+                               data1=cb.expand_dim(3).broadcast(3, width),
+                               data2=t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
+                               .expand_dim(2).broadcast(2, 4),
+                               op=nl.multiply)
+            # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
+            crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
+            if cfg.scatter_pairs:
+                for pcol in range(cols // 2):
+                    col = blk * (cols // 2) + pcol
+                    for j0 in range(0, n, cfg.scatter_partitions):
+                        j1 = min(n, j0 + cfg.scatter_partitions)
+                        self._one(b, t.sidx[j0:j1, col:col + 1],
+                                          t.work[j0:j1, 2 * pcol:2 * pcol + 2, 0:width], j1 - j0, step, c0, width)
+            else:
+                for tc in range(cols):
+                    col = blk * cols + tc
+                    for j0 in range(0, n, cfg.scatter_partitions):
+                        j1 = min(n, j0 + cfg.scatter_partitions)
+                        self._one(b, t.sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, 0:width], j1 - j0, 0,
+                                          c0, width)
+
+    def _one(self, b, index_col, data, parts, pair_step, c0, width) -> None:
+        buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
+        self.dma_count += 1
+        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step, c0, width)

@@ -1,0 +1,57 @@
+"""The grad_value scatter width of the MSDA backward plan (plain Python, no NKI).
+
+With no ``max_scatter_indices_per_indirect`` cap the plan picks P_s (the partitions of one
+scatter-RMW, a power of two <= 128) and with it K = ceil(P_s / G) replicated fp32 buffers,
+trading the buffers' zero + reduce bytes against the scatter's serial read-modify-writes
+(:func:`scatter_dma_cost`); the uniqueness proof is in ``backward_config``.
+"""
+
+from __future__ import annotations
+
+from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS, PARTITIONS_PER_DMA_ENGINE
+from nkilib_msda.validation.msda import MSDAProblem
+
+__all__ = ["SCATTER_DESCRIPTOR_OVERHEAD_BYTES", "default_scatter_partitions", "scatter_dma_cost"]
+
+# Assumed DMA cost of one scatter descriptor beyond its bytes, in bytes an engine streams in
+# that time: unpublished. The timing model's nominal per-descriptor cost of small indirect
+# rows (40 ns) at one engine's 23 B/ns (nki-dma-bandwidth-guide.html) is about 920 B.
+SCATTER_DESCRIPTOR_OVERHEAD_BYTES = 1024
+
+
+def scatter_dma_cost(problem: MSDAProblem, lnc: int, sets: int, groups: int,
+                     scatter_partitions: int) -> float:
+    """Estimated DMA-engine work of the grad_value path of one core, in bytes streamed by one
+    DMA engine (lower is faster): zeroing and reducing the K = ceil(P_s / G) buffers of each
+    set, spread over all DMA engines, plus the scatter, whose read-modify-write instructions
+    into one buffer set follow each other (each may touch the rows of the previous one) and
+    so use only the ceil(P_s / 8) engines of their partitions (of every set, round robin).
+
+    Buffers: 2 * 4 B * sets * K * B * L * N_h * C_h (zero, then read once). Scatter: 4
+    descriptors of 4 * C_h bytes per sample (x-pairs are two runs), B*N_q*N_h*N_l*N_p / lnc
+    samples, each read and written plus SCATTER_DESCRIPTOR_OVERHEAD_BYTES.
+    """
+    p = problem
+    k = -(-scatter_partitions // groups)
+    rows = p.batch * p.total_pixels * p.num_heads
+    buffers = 2 * 4 * sets * k * rows * p.head_dim / DMA_ENGINES
+    descriptors = 4 * p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points / lnc
+    engines = min(DMA_ENGINES, -(-scatter_partitions // PARTITIONS_PER_DMA_ENGINE) * sets)
+    scatter = descriptors * (2 * 4 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / engines
+    return buffers + scatter
+
+
+def default_scatter_partitions(problem: MSDAProblem, lnc: int, sets: int, groups: int) -> int:
+    """P_s with no cap: the power of two <= 128 of least :func:`scatter_dma_cost` (the larger
+    on a tie). Few queries on a large map (decoders) take fewer partitions and buffers than
+    128 (e.g. P_s = 64, K = 8 for a 900-query decoder on a 150x150 map, N_h = 8); the encoder
+    shapes take 128."""
+    # A plain loop: torch.compile traces the planners (no min(..., key=...) there).
+    best, best_cost = PARTITIONS, scatter_dma_cost(problem, lnc, sets, groups, PARTITIONS)
+    ps = PARTITIONS // 2
+    while ps >= 1:
+        cost = scatter_dma_cost(problem, lnc, sets, groups, ps)
+        if cost < best_cost:
+            best, best_cost = ps, cost
+        ps //= 2
+    return best
