@@ -70,7 +70,7 @@ def run(name: str, dtype_name: str, smoke: bool, bench) -> None:
         device = "cuda"
     dtype = getattr(torch, dtype_name)
     value, loc, attn, grad = make_inputs(shape, dtype, 0, device)
-    problem = validate_msda_args(value, shape.levels, None, loc, attn)
+    problem = validate_msda_args(value, shape.levels, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     base = tb.plan_launch(problem, dtype_name)
     print(f"\n## {shape.name} {dtype_name}\n\ndefault plan: {base}\n", flush=True)
     print("| kernel | variant | µs | grad_value vs default |\n|---|---|---|---|", flush=True)
@@ -103,7 +103,7 @@ def run(name: str, dtype_name: str, smoke: bool, bench) -> None:
         fn = (lambda p: lambda: tb.msda_forward(value, problem, loc, attn, plan=p))(plan)
         print(f"| forward | {label} | {bench(fn) * 1e3:.1f} | |", flush=True)
     head_major = value.transpose(1, 2).contiguous()
-    hm_problem = validate_msda_args(head_major, shape.levels, None, loc, attn, value_layout="BNLC")
+    hm_problem = validate_msda_args(head_major, shape.levels, None, loc, attn, value_layout="BNLC", sampling_locations_layout="BQHLP2", align_corners=False, padding_mode="zeros")
     fn = lambda: tb.msda_forward(head_major, hm_problem, loc, attn)  # noqa: E731
     print(f"| forward | value head-major (BNLC), default plan | {bench(fn) * 1e3:.1f} | |", flush=True)
     fn = lambda: value.transpose(1, 2).contiguous()  # noqa: E731

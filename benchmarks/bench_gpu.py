@@ -158,7 +158,7 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
     from nkilib_msda.validation.msda import validate_msda_args
 
     value, loc, attn, grad = inputs
-    problem = validate_msda_args(value, shape.levels, None, loc, attn)
+    problem = validate_msda_args(value, shape.levels, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     found: dict[str, dict[str, Callable]] = {}
     notes: list[str] = []
 
@@ -487,7 +487,7 @@ def sweep(shapes, dtypes, warmup, rep, shard=(0, 1), compile_only=False, only=""
         for dtype_name in dtypes:
             inputs = make_inputs(shape, getattr(torch, dtype_name))
             value, loc, attn, grad = inputs
-            problem = validate_msda_args(value, shape.levels, None, loc, attn)
+            problem = validate_msda_args(value, shape.levels, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
             base = tb.plan_launch(problem, dtype_name)
             log(f"\nsweep {shape_name} {dtype_name} (default: {base})")
             reference_out = tb.msda_forward(value, problem, loc, attn, plan=tb.with_configs(

@@ -87,7 +87,7 @@ def check_nonfinite():
     loc[0, :8, 0, 0, 0, 0] = float("nan")
     loc[0, 8:16, 0, 1, 0, 1] = float("inf")
     loc[0, 16:24, 1, 2, 1, 0] = -1e30
-    problem = validate_msda_args(value, shapes, None, loc, attn)
+    problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     out = tb.msda_forward(value, problem, loc, attn)
     grads = tb.msda_backward(grad, value, problem, loc, attn)
     torch.cuda.synchronize()
@@ -141,7 +141,7 @@ def check_nonfinite_values(deterministic):
     read must make exactly the reference's outputs non-finite."""
     shapes = NONFINITE_SHAPES
     clean, bad, loc, attn, grad = nonfinite_value_inputs(2, 41, 4, 32)
-    problem = validate_msda_args(bad, shapes, None, loc, attn)
+    problem = validate_msda_args(bad, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     ref = msda_grid_sample_with_grads(clean.double(), shapes, loc.double(), attn.double(),
                                       grad.double())
     errors = [0.0] * 4
@@ -166,7 +166,7 @@ def check_launch_paths():
     """Direct compiled-kernel launches and the JIT path give bitwise-equal results."""
     value, loc, attn, grad = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.float32, "BLNC",
                                          "BQHLP2")
-    problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
+    problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     runs = []
     for fast in (False, True, True):
         tb._FAST_LAUNCH[0] = fast
@@ -188,7 +188,7 @@ def check_kept_accumulator():
     their own) all match the reference, and every kept accumulator holds zeros afterwards."""
     value, loc, attn, _ = make_inputs(2, 97, 4, 32, SHAPES_SMALL, 3, torch.bfloat16, "BLNC",
                                       "BQHLP2", seed=40)
-    problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn)
+    problem = validate_msda_args(value, SHAPES_SMALL, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     plan = tb.with_configs(tb.plan_launch(problem, "bfloat16"), grad_value_scratch="kept")
     grads = [torch.randn(problem.output_shape, device="cuda").to(torch.bfloat16) for _ in range(5)]
     results = []  # (grad_output, (grad_value, grad_loc, grad_attn))
@@ -232,7 +232,7 @@ def check_int64():
     batch, heads, channels = 5, 4, 128
     value, loc, attn, grad = make_inputs(batch, 64, heads, channels, shapes, 4, torch.bfloat16,
                                          "BLNC", "BQHLP2")
-    problem = validate_msda_args(value, shapes, None, loc, attn)
+    problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     assert value.numel() > 2**31 and tb.needs_int64(problem)
     out = tb.msda_forward(value, problem, loc, attn)
     gv, gl, ga = tb.msda_backward(grad, value, problem, loc, attn)
@@ -250,7 +250,7 @@ def check_encoder_bf16():
     pixels = sum(h * w for h, w in shapes)
     value, loc, attn, _ = make_inputs(2, pixels, 8, 32, shapes, 4, torch.bfloat16, "BLNC", "BQHLP2",
                                       spread=1.0)
-    problem = validate_msda_args(value, shapes, None, loc, attn)
+    problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     out = tb.msda_forward(value, problem, loc, attn)
     from nkilib_msda.reference.grid_sample import msda_grid_sample
     ref = msda_grid_sample(value.double(), shapes, loc.double(), attn.double())

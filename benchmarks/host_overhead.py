@@ -116,7 +116,7 @@ def _cases(dtype_name: str = "float32"):
     starts_tensor = torch.tensor(starts, dtype=torch.int64)
     flat_shapes = [d for pair in SHAPES for d in pair]
     flat_starts = starts_tensor.tolist()
-    problem = validate_msda_args(value, SHAPES, None, loc, attn)
+    problem = validate_msda_args(value, SHAPES, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     msda = nkilib_msda.multi_scale_deformable_attention
     op = torch.ops.nkilib_msda.ms_deformable_attention
     leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]

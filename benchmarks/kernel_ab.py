@@ -140,7 +140,7 @@ def compare_sass(args) -> int:
         value = torch.empty(shape.batch, shape.pixels, shape.heads, shape.channels, device="meta")
         problem = validate_msda_args(value, shape.levels, None,
                                      torch.empty(*dims, 2, device="meta"),
-                                     torch.empty(*dims, device="meta"))
+                                     torch.empty(*dims, device="meta"), "BLNC", "BQHLP2", False, "zeros")
         for dtype_name in args.dtypes.split(","):
             plan = tb.plan_launch(problem, dtype_name)
             variants = [(f"fwd-{k}", tb._forward_launch(problem, tb.with_configs(
@@ -187,7 +187,7 @@ def run(args) -> int:
         shape = SHAPES[shape_name(name)]
         for dtype_name in args.dtypes.split(","):
             inputs = make_inputs(shape, getattr(torch, dtype_name), seed=0)
-            problem = validate_msda_args(inputs[0], shape.levels, None, inputs[1], inputs[2])
+            problem = validate_msda_args(inputs[0], shape.levels, None, inputs[1], inputs[2], "BLNC", "BQHLP2", False, "zeros")
             for label, (kernel, grid, scalars, kwargs), make, outputs in launches(problem, inputs):
                 versions = {"new": tb._Launcher(kernel, grid, scalars, kwargs),
                             "base": tb._Launcher(_baseline_kernel(baseline, kernel), grid,

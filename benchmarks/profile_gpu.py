@@ -18,7 +18,7 @@ parser.add_argument("--dtype", default="bfloat16")
 args = parser.parse_args()
 shape = SHAPES[args.shape]
 value, loc, attn, grad = make_inputs(shape, getattr(torch, args.dtype))
-problem = validate_msda_args(value, shape.levels, None, loc, attn)
+problem = validate_msda_args(value, shape.levels, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
 tb.msda_forward(value, problem, loc, attn)
 tb.msda_backward(grad, value, problem, loc, attn, deterministic=False)
 torch.cuda.synchronize()

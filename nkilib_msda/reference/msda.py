@@ -283,18 +283,13 @@ def ms_deformable_attention_ref(
     attention_weights (B, N_q, N_h, N_l, N_p). Returns (B, N_q, N_h*C_h) float64.
     Floating-point warnings (0 * inf inside a real dependence, overflow) never escape.
     """
+    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                 value_layout, sampling_locations_layout, align_corners, padding_mode)
     with np.errstate(all="ignore"):
-        return _forward(value, spatial_shapes, level_start_index, sampling_locations,
-                        attention_weights, value_layout, sampling_locations_layout,
-                        align_corners, padding_mode)
+        return _forward(problem, value, sampling_locations, attention_weights)
 
 
-def _forward(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,
-             attention_weights: Any, value_layout: str, sampling_locations_layout: str,
-             align_corners: bool, padding_mode: str) -> np.ndarray:
-    problem = validate_msda_args(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-        value_layout, sampling_locations_layout, align_corners, padding_mode)
+def _forward(problem: MSDAProblem, value: Any, sampling_locations: Any, attention_weights: Any) -> np.ndarray:
     value_rows = _as_float64(value).reshape(-1, problem.head_dim)
     locations = _locations_bqhlp2(_as_float64(sampling_locations), problem.sampling_locations_layout)
     attention = _as_float64(attention_weights)
@@ -330,19 +325,15 @@ def ms_deformable_attention_bwd_ref(
     input layouts: value's shape, the locations' shape, and (B, N_q, N_h, N_l, N_p).
     Floating-point warnings never escape.
     """
+    problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                 value_layout, sampling_locations_layout, align_corners, padding_mode,
+                                 grad_output=grad_output)
     with np.errstate(all="ignore"):
-        return _backward(grad_output, value, spatial_shapes, level_start_index,
-                         sampling_locations, attention_weights, value_layout,
-                         sampling_locations_layout, align_corners, padding_mode)
+        return _backward(problem, grad_output, value, sampling_locations, attention_weights)
 
 
-def _backward(grad_output: Any, value: Any, spatial_shapes: Any, level_start_index: Any,
-              sampling_locations: Any, attention_weights: Any, value_layout: str,
-              sampling_locations_layout: str, align_corners: bool, padding_mode: str
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    problem = validate_msda_args(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-        value_layout, sampling_locations_layout, align_corners, padding_mode, grad_output=grad_output)
+def _backward(problem: MSDAProblem, grad_output: Any, value: Any, sampling_locations: Any,
+              attention_weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     value_rows = _as_float64(value).reshape(-1, problem.head_dim)
     locations = _locations_bqhlp2(_as_float64(sampling_locations), problem.sampling_locations_layout)
     attention = _as_float64(attention_weights)

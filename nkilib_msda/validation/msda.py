@@ -199,15 +199,17 @@ def validate_msda_args(
     level_start_index: Any,
     sampling_locations: Any,
     attention_weights: Any,
-    value_layout: str = "BLNC",
-    sampling_locations_layout: str = "BQHLP2",
-    align_corners: bool = False,
-    padding_mode: str = "zeros",
+    value_layout: str,
+    sampling_locations_layout: str,
+    align_corners: bool,
+    padding_mode: str,
     *,
     grad_output: Any = None,
     padding_modes: Sequence[str] = PADDING_MODES,
 ) -> MSDAProblem:
     """Check and normalize the MSDA arguments; return the call's :class:`MSDAProblem`.
+
+    Every option is passed explicitly: the defaults are those of the public entry points.
 
     ``padding_modes`` narrows the accepted modes for backends without reflection.
     ``grad_output`` (backward only) must be (B, N_q, N_h*C_h).

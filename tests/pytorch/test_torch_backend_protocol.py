@@ -88,7 +88,7 @@ def test_the_fallback_backend_takes_everything():
 
 def _problem(inputs, padding_mode="zeros"):
     return validate_msda_args(inputs.value, inputs.spatial_shapes, None,
-                              inputs.sampling_locations, inputs.attention_weights,
+                              inputs.sampling_locations, inputs.attention_weights, "BLNC", "BQHLP2", False,
                               padding_mode=padding_mode)
 
 

@@ -54,7 +54,8 @@ def test_cached_validation_still_raises_the_full_validations_error(label, change
     inputs = make_inputs(seed=11)
     args = dict(value=inputs.value, spatial_shapes=SHAPES, level_start_index=(0, 24, 30),
                 sampling_locations=inputs.sampling_locations,
-                attention_weights=inputs.attention_weights, grad_output=inputs.grad_output)
+                attention_weights=inputs.attention_weights, value_layout="BLNC", sampling_locations_layout="BQHLP2",
+                align_corners=False, padding_mode="zeros", grad_output=inputs.grad_output)
     for _ in range(2):  # the second call is a cache hit
         assert validated_problem(**args) == validate_msda_args(**args)
     bad = dict(args, **change)

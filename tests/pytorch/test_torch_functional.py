@@ -77,7 +77,7 @@ def test_attention_weights_on_another_device_is_rejected(no_kernel_work):
 def test_env_var_selects_backend_and_argument_wins(monkeypatch):
     inputs = make_inputs()
     problem = validate_msda_args(inputs.value, inputs.spatial_shapes, None,
-                                 inputs.sampling_locations, inputs.attention_weights)
+                                 inputs.sampling_locations, inputs.attention_weights, "BLNC", "BQHLP2", False, "zeros")
     cpu = inputs.value
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     assert dispatch.select_backend(None, problem, cpu, inputs.sampling_locations) == "reference"
@@ -106,7 +106,7 @@ def test_device_defaults(device, expected):
 def test_auto_falls_back_to_reference_when_device_backend_cannot_run(monkeypatch):
     inputs = make_inputs()
     problem = validate_msda_args(inputs.value, inputs.spatial_shapes, None,
-                                 inputs.sampling_locations, inputs.attention_weights,
+                                 inputs.sampling_locations, inputs.attention_weights, "BLNC", "BQHLP2", False,
                                  padding_mode="reflection")
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     monkeypatch.setattr(dispatch, "device_default_backend", lambda device: "nki")

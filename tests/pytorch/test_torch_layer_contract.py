@@ -50,7 +50,7 @@ def test_forward_only_calls_are_not_refused_for_backward_limits(case):
     else:
         shapes = ((2, 2),) * 40
         value, loc, attn = _small(8, torch.bfloat16, heads=4, shapes=shapes)
-    problem = validate_msda_args(value, shapes, None, loc, attn)
+    problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     assert nki_backend.unsupported_reason(problem, value, loc) is None
     assert nki_backend.backward_unsupported_reason(problem, value, loc) is not None
     with torch.no_grad():
@@ -69,9 +69,9 @@ def test_wide_two_byte_channels_use_the_copy_gather():
     """C_h = 1040 bf16 does not fit the transpose gather's PSUM bank: the copy gather runs."""
     shapes = ((2, 3),)
     value, loc, attn = _small(1040, torch.bfloat16)
-    problem = validate_msda_args(value, shapes, None, loc, attn)
+    problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     assert nki_backend.forward_gather_method(problem, "bfloat16") == "copy"
-    narrow = validate_msda_args(*_small(64, torch.bfloat16)[:1], shapes, None, loc, attn)
+    narrow = validate_msda_args(*_small(64, torch.bfloat16)[:1], shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
     assert nki_backend.forward_gather_method(narrow, "bfloat16") == "transpose"
     out = MSDA(value, shapes, None, loc, attn, backend="nki")
     want = _ref(value, shapes, loc, attn)

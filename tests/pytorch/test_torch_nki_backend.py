@@ -147,7 +147,7 @@ def test_nki_backend_accepts_exactly_what_the_kernel_planners_accept():
         value = torch.empty((1, total, heads, 32), dtype=torch.bfloat16)
         loc = torch.empty((1, 3, heads, len(shapes), 2, 2))
         attn = torch.empty((1, 3, heads, len(shapes), 2))
-        problem = validate_msda_args(value, shapes, None, loc, attn)
+        problem = validate_msda_args(value, shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros")
         return (nki_backend.unsupported_reason(problem, value, loc),
                 nki_backend.backward_unsupported_reason(problem, value, loc))
 

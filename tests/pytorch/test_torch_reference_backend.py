@@ -138,7 +138,7 @@ def test_query_chunking_gives_the_same_results(monkeypatch):
     monkeypatch.setattr(reference_torch, "_GATHER_ELEMENTS_PER_CHUNK", 2 * per_query)
     assert len(reference_torch._query_chunks(
         validate_msda_args(inputs.value, inputs.spatial_shapes, None, inputs.sampling_locations,
-                           inputs.attention_weights, "BNLC", "B2QHLP"))) == 4
+                           inputs.attention_weights, "BNLC", "B2QHLP", False, "zeros"))) == 4
     chunked = _run(inputs, True, "border")
     torch.testing.assert_close(chunked[0], whole[0], rtol=0, atol=1e-14)
     for got, want in zip(chunked[1], whole[1]):

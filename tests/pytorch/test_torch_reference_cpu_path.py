@@ -37,7 +37,7 @@ def _case(value_layout="BLNC", loc_layout="BQHLP2", seed=0, dtype=torch.float64,
     xy[:, 5, ..., 0] = float("nan")  # query 5 reads nothing in any padding mode ...
     inputs.grad_output[:, 5] = float("inf")  # ... so its inf grad_output must not leak
     problem = validate_msda_args(inputs.value, SHAPES, None, loc, inputs.attention_weights,
-                                 value_layout, loc_layout)
+                                 value_layout, loc_layout, False, "zeros")
     return inputs, problem
 
 
@@ -160,7 +160,7 @@ def test_non_finite_value_read_only_by_out_of_map_corners_falls_back(monkeypatch
     inputs.sampling_locations[..., 0] = -1.0  # x far left: corners x0, x1 both outside
     inputs.sampling_locations[..., 1] = 0.25  # row 0
     problem = validate_msda_args(inputs.value, ((2, 2),), None, inputs.sampling_locations,
-                                 inputs.attention_weights)
+                                 inputs.attention_weights, "BLNC", "BQHLP2", False, "zeros")
     args = (inputs.value, problem, inputs.sampling_locations, inputs.attention_weights)
     u, v = inputs.sampling_locations[..., 0], inputs.sampling_locations[..., 1]
     out = torch.empty(1, 3, 1, 2, dtype=torch.float64)

@@ -238,7 +238,7 @@ def test_chunking_does_not_change_results(monkeypatch):
     whole = _run_ref(value, shapes, locations, attention, grad_output, "BNLC", "B2QHLP", False, "zeros")
     monkeypatch.setattr(msda, "_GATHER_ELEMENTS_PER_CHUNK", 600)  # 192 per query: 3 queries per chunk
     monkeypatch.setattr(msda, "_SCATTER_ENTRIES_PER_FLUSH", 200)
-    assert len(msda._query_chunks(msda.validate_msda_args(value, shapes, None, locations, attention))) == 5
+    assert len(msda._query_chunks(msda.validate_msda_args(value, shapes, None, locations, attention, "BLNC", "BQHLP2", False, "zeros"))) == 5
     chunked = _run_ref(value, shapes, locations, attention, grad_output, "BNLC", "B2QHLP", False, "zeros")
     _assert_close(chunked, whole, rtol=1e-14, atol=1e-14)
 

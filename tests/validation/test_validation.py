@@ -27,6 +27,8 @@ def _args(value_layout="BLNC", locations_layout="BQHLP2", dtype=np.float32):
         attention_weights=rng.random((B, N_Q, N_H, N_L, N_P)).astype(dtype),
         value_layout=value_layout,
         sampling_locations_layout=locations_layout,
+        align_corners=False,
+        padding_mode="zeros",
     )
 
 
@@ -55,7 +57,7 @@ def _assert_rejected(error, name, **overrides):
 @pytest.mark.parametrize("value_layout", ["BLNC", "BNLC"])
 def test_valid_call_describes_the_problem(value_layout, locations_layout):
     args = _args(value_layout, locations_layout)
-    problem = validate_msda_args(**args, align_corners=True, padding_mode="border")
+    problem = validate_msda_args(**dict(args, align_corners=True, padding_mode="border"))
     assert problem == MSDAProblem(
         batch=B, num_queries=N_Q, num_heads=N_H, head_dim=C_H, num_levels=N_L, num_points=N_P,
         spatial_shapes=SHAPES, level_start_index=(0, 6), value_layout=value_layout,
@@ -107,7 +109,7 @@ def test_torch_tensors_are_accepted():
     problem = validate_msda_args(
         torch.tensor(args["value"], dtype=torch.bfloat16), torch.tensor(SHAPES, dtype=torch.int64),
         torch.tensor([0, 6], dtype=torch.int64), torch.tensor(args["sampling_locations"], dtype=torch.float16),
-        torch.tensor(args["attention_weights"]), "BNLC", "B2QHLP",
+        torch.tensor(args["attention_weights"]), "BNLC", "B2QHLP", False, "zeros",
         grad_output=torch.zeros(B, N_Q, N_H * C_H, dtype=torch.bfloat16))
     assert problem.spatial_shapes == SHAPES and problem.level_start_index == (0, 6)
     assert (problem.num_heads, problem.num_queries) == (N_H, N_Q)
@@ -141,7 +143,7 @@ def test_bad_choice_arguments(name, bad, error):
 
 def test_reflection_rejected_when_backend_lacks_it():
     with pytest.raises(ValueError) as info:
-        validate_msda_args(**_args(), padding_mode="reflection", padding_modes=("zeros", "border"))
+        validate_msda_args(**dict(_args(), padding_mode="reflection"), padding_modes=("zeros", "border"))
     message = str(info.value)
     assert message.startswith("padding_mode:") and "'reflection'" in message and "'border'" in message
 

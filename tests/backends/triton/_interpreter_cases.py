@@ -110,7 +110,7 @@ def case_int64_indexing_forced():
 def case_deterministic_bitwise():
     v, l, a, g = make(8, channels=6, queries=13)
     errors, ok, grads = compare(v, l, a, g, SHAPES, opts(), _blocks(), deterministic=True)
-    problem = validate_msda_args(v, SHAPES, None, l, a)
+    problem = validate_msda_args(v, SHAPES, None, l, a, "BLNC", "BQHLP2", False, "zeros")
     again = tb.msda_backward(g, v, problem, l, a, deterministic=True,
                              plan=tb.with_configs(tb.plan_launch(problem, "float32"), **_blocks()))
     return errors, ok and all(torch.equal(x, y) for x, y in zip(grads, again))
@@ -128,7 +128,7 @@ def case_bf16_kept_scratch_repeated():
         changes = dict(_blocks(), grad_value_scratch=scratch)
         errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts(), changes)
         worst = [max(w, e) for w, e in zip(worst, errors)]
-        kept = tb._context(validate_msda_args(v, SHAPES, None, l, a), v, l)._scratch
+        kept = tb._context(validate_msda_args(v, SHAPES, None, l, a, "BLNC", "BQHLP2", False, "zeros"), v, l)._scratch
         ok = ok and shapes_ok and len(kept) == 1 and all(bool((t == 0).all()) for t in kept.values())
     return worst, ok
 
@@ -181,7 +181,7 @@ def case_nonfinite_coordinates():
     clean[0, 3:6, 1, 1, 1, 1] = 10.0
     l[0, 6:9, 0, 1, 2, 0] = -1e30
     clean[0, 6:9, 0, 1, 2, 0] = -10.0
-    problem = validate_msda_args(v, SHAPES, None, l, a)
+    problem = validate_msda_args(v, SHAPES, None, l, a, "BLNC", "BQHLP2", False, "zeros")
     plan = tb.with_configs(tb.plan_launch(problem, "float32"), **_blocks())
     out = tb.msda_forward(v, problem, l, a, plan=plan)
     grads = tb.msda_backward(g, v, problem, l, a, plan=plan)
@@ -196,7 +196,7 @@ def case_nonfinite_values_outside_map():
     """A masked corner contributes nothing even when the pixel it is clamped to holds inf/NaN
     (forward and every gradient); an in-map corner reading inf/NaN still propagates."""
     clean, bad, l, a, g = nonfinite_value_inputs(1, 10, 2, 8, device="cpu", seed=11)
-    problem = validate_msda_args(bad, NONFINITE_SHAPES, None, l, a)
+    problem = validate_msda_args(bad, NONFINITE_SHAPES, None, l, a, "BLNC", "BQHLP2", False, "zeros")
     results = []
     for changes in (_blocks(), dict(_blocks(4, 4), forward_kernel="samples",
                                     backward_kernel="samples")):

@@ -26,7 +26,7 @@ def problem(batch=2, queries=22223, heads=8, channels=32, levels=DDETR, points=4
     value = torch.empty(batch, pixels, heads, channels, device="meta")
     loc = torch.empty(batch, queries, heads, len(levels), points, 2, device="meta")
     attn = torch.empty(batch, queries, heads, len(levels), points, device="meta")
-    return validate_msda_args(value, levels, None, loc, attn, padding_mode=padding_mode)
+    return validate_msda_args(value, levels, None, loc, attn, "BLNC", "BQHLP2", False, padding_mode=padding_mode)
 
 
 def test_encoder_plan_uses_16_byte_vectors_per_thread():
