@@ -13,7 +13,7 @@ import numpy as np
 from _core_helpers import randn
 from nkilib_msda.simulator import access, nki, nl, simulate
 
-__all__ = ["load", "store", "run", "rng", "randn"]
+__all__ = ["load", "store", "run", "rng", "randn", "fp32_tiles"]
 
 
 def load(h: Any, dtype: Any = None, buffer: Any = None, shape: Any = None) -> Any:
@@ -21,6 +21,11 @@ def load(h: Any, dtype: Any = None, buffer: Any = None, shape: Any = None) -> An
     t = nl.ndarray(tuple(shape or h.shape), dtype=dtype or h.dtype, buffer=buffer or nl.sbuf)
     access.write(t, access.read(h, "test.load").reshape(-1), "test.load")
     return t
+
+
+def fp32_tiles(*shapes: tuple[int, ...]) -> list[Any]:
+    """One new float32 SBUF tile per shape, in order."""
+    return [nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf) for shape in shapes]
 
 
 def store(t: Any) -> Any:

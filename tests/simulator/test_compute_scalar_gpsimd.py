@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from _compute_helpers import load, randn, rng, run
+from _compute_helpers import fp32_tiles, load, randn, rng, run
 from nkilib_msda.simulator import NkiWarning, nisa, nl
 
 F32 = np.float32
@@ -67,16 +67,11 @@ def test_activation_reduce_registers_reset_and_accumulate():
 
     def body(ha, hb):
         x, y = load(ha), load(hb)
-        ex = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-        first = nl.ndarray((5, 1), dtype=nl.float32, buffer=nl.sbuf)
+        ex, first, ey, both, sq, legacy = fp32_tiles(x.shape, (5, 1), y.shape, (5, 1), y.shape, (5, 1))
         nisa.activation(ex, nl.exp, x, reduce_op=nl.add, reduce_res=first,
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        ey = nl.ndarray(y.shape, dtype=nl.float32, buffer=nl.sbuf)
-        both = nl.ndarray((5, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(ey, nl.exp, y, reduce_op=nl.add, reduce_res=both,
                         reduce_cmd=nisa.reduce_cmd.reduce)
-        sq = nl.ndarray(y.shape, dtype=nl.float32, buffer=nl.sbuf)
-        legacy = nl.ndarray((5, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(sq, nl.square, y, reduce_op=nl.add, reduce_res=legacy)
         return first, both, legacy
 

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _compute_helpers import load, randn, rng, run
+from _compute_helpers import fp32_tiles, load, randn, rng, run
 from nkilib_msda.simulator import nisa, nl
 
 F32 = np.float32
@@ -352,14 +352,10 @@ def test_tensor_scalar_reduce_accumulates_across_instructions():
 
     def body(ha, hb):
         x, y = load(ha), load(hb)
-        dx = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-        r1 = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
+        dx, r1, dy, r2, mx = fp32_tiles(x.shape, (4, 1), y.shape, (4, 1), (4, 1))
         nisa.tensor_scalar_reduce(dx, x, nl.multiply, 2.0, nl.add, r1)
-        dy = nl.ndarray(y.shape, dtype=nl.float32, buffer=nl.sbuf)
-        r2 = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar_reduce(dy, y, nl.add, 1.0, nl.add, r2,
                                   reduce_cmd=nisa.reduce_cmd.reduce)
-        mx = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar_reduce(dy, y, nl.subtract, 0.5, nl.max, mx,
                                   reduce_cmd=nisa.reduce_cmd.load_reduce, reduce_init=0.75)
         return dx, r1, r2, mx

@@ -86,6 +86,14 @@ def test_argument_rules():
         k(x.astype(np.float64), 3, True, "x", None, (2, 3), Mode.B, Cfg(4))
 
 
+def _each_raises_its_rule(x, *cases):
+    """Each (run, opcode, reason): ``run(x)`` (a kernel, or a ``simulate(...)`` runner) raises
+    that rule."""
+    for run, opcode, reason in cases:
+        with raises_rule(opcode, reason):
+            run(x)
+
+
 def test_signature_and_jit_option_rules():
     @nki.jit
     def star(a, *rest):
@@ -95,11 +103,8 @@ def test_signature_and_jit_option_rules():
     def kwonly(a, *, b=1):
         return a
 
-    x = np.ones((2, 2), np.float32)
-    with raises_rule("nki.jit", "kernel signature"):
-        star(x)
-    with raises_rule("nki.jit", "kernel signature"):
-        kwonly(x)
+    _each_raises_its_rule(np.ones((2, 2), np.float32), (star, "nki.jit", "kernel signature"),
+                          (kwonly, "nki.jit", "kernel signature"))
     with raises_rule("nki.jit", "mode"):
         nki.jit(mode="simulation")
     with raises_rule("nki.jit", "removed option"):
@@ -125,13 +130,9 @@ def test_outputs_must_be_shared_hbm_and_fully_written():
     def returns_int(a):
         return 3
 
-    x = np.ones((2, 2), np.float32)
-    with raises_rule("kernel return", "output buffer"):
-        private_out(x)
-    with raises_rule("kernel return", "output not written"):
-        half_written(x)
-    with raises_rule("kernel return", "output type"):
-        returns_int(x)
+    _each_raises_its_rule(np.ones((2, 2), np.float32), (private_out, "kernel return", "output buffer"),
+                          (half_written, "kernel return", "output not written"),
+                          (returns_int, "kernel return", "output type"))
 
 
 def test_inputs_modified_in_place_are_written_back():
@@ -225,17 +226,24 @@ def test_lnc2_distinct_program_ids_shared_hbm_and_barrier():
     assert rep.instruction_count("dma", "dma_copy") == 8
 
 
+def _shared_filled_by(owner, src, shape, rows):
+    """(shared, tile): a new fp32 shared_hbm tensor of ``shape`` and an SBUF tile of src's
+    shape; only program ``owner`` copies ``src`` through the tile into ``shared[rows]``."""
+    pid = nl.program_id(0)
+    shared = nl.ndarray(shape, nl.float32, buffer=nl.shared_hbm)
+    tile = nl.ndarray(src.shape, nl.float32, buffer=nl.sbuf)
+    if pid == owner:
+        nisa.dma_copy(dst=tile, src=src)
+        nisa.dma_copy(dst=shared[rows], src=tile)
+    return shared, tile
+
+
 def test_without_barrier_program_1_cannot_see_program_0s_later_writes():
     # Programs run one at a time between barriers (program 0 first): a read of data that
     # the other program writes without a barrier in between is uninitialised.
     @nki.jit
     def racy(a):
-        pid = nl.program_id(0)
-        scratch = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
-        t = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
-        if pid == 1:
-            nisa.dma_copy(dst=t, src=a[1:2])
-            nisa.dma_copy(dst=scratch[1:2], src=t)
+        scratch, t = _shared_filled_by(1, a[1:2], (2, 4), slice(1, 2))
         nisa.dma_copy(dst=t, src=scratch[1:2])
         return scratch
 
@@ -261,13 +269,10 @@ def test_barrier_deadlock_and_core_rules():
         nisa.core_barrier(a, [0, 1])
         nisa.core_barrier(a, (0, 2))
 
-    x = np.ones((1, 1), np.float32)
-    with raises_rule("core_barrier", "barrier deadlock"):
-        simulate(only_program_0_waits, lnc=2)(x)
-    with raises_rule("core_barrier", "shared_hbm data"):
-        simulate(bad_data, lnc=2)(x)
-    with raises_rule("core_barrier", "cores"):
-        simulate(lnc1_barrier, lnc=1)(x)
+    _each_raises_its_rule(np.ones((1, 1), np.float32),
+                          (simulate(only_program_0_waits, lnc=2), "core_barrier", "barrier deadlock"),
+                          (simulate(bad_data, lnc=2), "core_barrier", "shared_hbm data"),
+                          (simulate(lnc1_barrier, lnc=1), "core_barrier", "cores"))
 
 
 def test_lnc2_outputs_must_agree_and_shared_allocations_must_match():
@@ -285,11 +290,9 @@ def test_lnc2_outputs_must_agree_and_shared_allocations_must_match():
         shape = (1, 1) if nl.program_id(0) == 0 else (2, 2)
         return nl.ndarray(shape, nl.float32, buffer=nl.shared_hbm)
 
-    x = np.ones((1, 1), np.float32)
-    with raises_rule("kernel return", "LNC outputs differ"):
-        simulate(different_outputs, lnc=2)(x)
-    with raises_rule("ndarray", "LNC shared_hbm mismatch"):
-        simulate(mismatched, lnc=2)(x)
+    _each_raises_its_rule(np.ones((1, 1), np.float32),
+                          (simulate(different_outputs, lnc=2), "kernel return", "LNC outputs differ"),
+                          (simulate(mismatched, lnc=2), "ndarray", "LNC shared_hbm mismatch"))
 
 
 def test_private_buffers_are_per_program():
@@ -350,11 +353,7 @@ def test_repeated_barriers_ping_pong():
     @nki.jit
     def ping_pong(a):
         pid = nl.program_id(0)
-        box = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
-        t = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf)
-        if pid == 0:
-            nisa.dma_copy(dst=t, src=a)
-            nisa.dma_copy(dst=box, src=t)
+        box, t = _shared_filled_by(0, a, (1, 1), slice(0, 1))
         for step in range(4):
             nisa.core_barrier(box, (0, 1))
             if step % 2 == pid:  # the owner of this step adds 1 to the shared value
