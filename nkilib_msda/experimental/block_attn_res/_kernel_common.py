@@ -9,7 +9,8 @@ from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE
 from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
 from nkilib_msda.validation.msda import dtype_name
 
-__all__ = ["launch", "barrier", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str"]
+__all__ = ["launch", "barrier", "sbuf_budget", "load_query", "check_vector_arg", "row_broadcast", "dtype_str",
+           "NamedTiles"]
 
 
 def launch() -> tuple[int, int]:
@@ -58,3 +59,20 @@ def load_query(u: Any, staging: Any, proj_weight: Any, rmsnorm_gamma: Any, scale
 def dtype_str(t: Any) -> str:
     """Canonical dtype name of a kernel argument ('bfloat16', 'float32', ...)."""
     return dtype_name(t.dtype)
+
+
+class NamedTiles:
+    """A kernel's working set: tiles made by :meth:`allocate` are read as attributes (typed
+    ``Any``), next to the ones a subclass assigns itself."""
+
+    def allocate(self, names: tuple[str, ...], shape: tuple[int, ...], dtype: Any = nl.float32) -> None:
+        """One SBUF tile of ``shape`` and ``dtype`` per name, in order, named after it."""
+        named = self.__dict__.setdefault("_named", {})
+        for name in names:
+            named[name] = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf, name=name)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_named"][name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no tile {name!r}") from None

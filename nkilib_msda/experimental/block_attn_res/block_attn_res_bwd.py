@@ -32,7 +32,7 @@ from typing import Any
 
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.block_attn_res._kernel_common import (
-    barrier, check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
+    NamedTiles, barrier, check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
 from nkilib_msda.experimental.block_attn_res.tiling import (
     BETA_CHUNK, TOKEN_TILE, BackwardPlan, plan_backward)
 
@@ -42,20 +42,8 @@ _F32 = nl.float32
 _RESET_REDUCE = nisa.reduce_cmd.reset_reduce
 
 
-class _Tiles:
+class _Tiles(NamedTiles):
     """The backward's SBUF/PSUM working set (allocated once; sizes match plan.sbuf_bytes)."""
-
-    # Score tiles are created with setattr in __init__; declared here for type checkers.
-    alpha: Any
-    rms: Any
-    rinv: Any
-    d_alpha: Any
-    d_u: Any
-    weighted: Any
-    z: Any
-    g: Any
-    a: Any
-    b: Any
 
     def __init__(self, plan: BackwardPlan, dtype: Any) -> None:
         p, n_src, dim, chunks = TOKEN_TILE, plan.num_sources, plan.dim, plan.beta_chunks
@@ -70,8 +58,7 @@ class _Tiles:
         per_source = (p, n_src, dim) if plan.mode == "slab" else (p, dim)
         self.values = [nl.ndarray(per_source, dtype=dtype, buffer=nl.sbuf, name=f"values{i}")
                        for i in range(nbuf)]
-        for name in ("alpha", "rms", "rinv", "d_alpha", "d_u", "weighted", "z", "g", "a", "b"):
-            setattr(self, name, nl.ndarray((p, n_src), dtype=_F32, buffer=nl.sbuf, name=name))
+        self.allocate(("alpha", "rms", "rinv", "d_alpha", "d_u", "weighted", "z", "g", "a", "b"), (p, n_src))
         splits = plan.coeff_splits
         self.coeff_mm = nl.ndarray((p, n_src, splits), dtype=mm_dtype, buffer=nl.sbuf, name="coeff_mm")
         self.c = nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name="c")

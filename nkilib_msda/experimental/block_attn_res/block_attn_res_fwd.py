@@ -20,7 +20,7 @@ from typing import Any
 
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.block_attn_res._kernel_common import (
-    check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
+    NamedTiles, check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
 from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE, ForwardPlan, plan_forward
 
 __all__ = ["block_attn_res_fwd"]
@@ -29,26 +29,8 @@ _F32 = nl.float32
 _RESET_REDUCE = nisa.reduce_cmd.reset_reduce
 
 
-class _Tiles:
+class _Tiles(NamedTiles):
     """The forward's SBUF working set (allocated once; sizes match plan.sbuf_bytes)."""
-
-    # Score and column tiles are created with setattr in __init__; declared here for type checkers.
-    sumsq: Any
-    dot: Any
-    z: Any
-    e: Any
-    alpha: Any
-    rms: Any
-    rinv: Any
-    mean_sq: Any
-    neg_max: Any
-    esum: Any
-    rsum: Any
-    run_max0: Any
-    run_max1: Any
-    neg_run_max: Any
-    corr: Any
-    group_max: Any
 
     def __init__(self, plan: ForwardPlan, dtype: Any) -> None:
         p, n_src, dim = TOKEN_TILE, plan.num_sources, plan.dim
@@ -59,12 +41,9 @@ class _Tiles:
         self.h = [nl.ndarray((p, dim), dtype=dtype, buffer=nl.sbuf, name=f"h{i}") for i in range(nbuf)]
         self.values = [nl.ndarray((p, plan.group, dim), dtype=dtype, buffer=nl.sbuf,
                                   name=f"values{i}") for i in range(nbuf)]
-        scores = ("sumsq", "dot", "z", "e", "alpha", "rms", "rinv", "mean_sq")
-        for name in scores:
-            setattr(self, name, nl.ndarray((p, n_src), dtype=_F32, buffer=nl.sbuf, name=name))
-        columns = ("neg_max", "esum", "rsum", "run_max0", "run_max1", "neg_run_max", "corr", "group_max")
-        for name in columns:
-            setattr(self, name, nl.ndarray((p, 1), dtype=_F32, buffer=nl.sbuf, name=name))
+        self.allocate(("sumsq", "dot", "z", "e", "alpha", "rms", "rinv", "mean_sq"), (p, n_src))
+        self.allocate(("neg_max", "esum", "rsum", "run_max0", "run_max1", "neg_run_max", "corr", "group_max"),
+                      (p, 1))
 
 
 # v^2 overflows fp32 for |v| > 1.8e19, so with RMSNorm each (token, source) row is scaled by
