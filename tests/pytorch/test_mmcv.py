@@ -113,14 +113,11 @@ def mmcv_init_transcription(heads, levels, points):
 def mmcv_module_transcription(m, query, value, identity, query_pos, key_padding_mask, reference_points,
                               spatial_shapes, batch_first):
     """mmcv's MultiScaleDeformableAttention.forward, in eval mode (dropout is identity)."""
-    if value is None:
-        value = query
-    if identity is None:
-        identity = query
-    if query_pos is not None:
-        query = query + query_pos
-    if not batch_first:
-        query, value = query.permute(1, 0, 2), value.permute(1, 0, 2)
+    value = query if value is None else value
+    identity = query if identity is None else identity  # the query before query_pos is added
+    query = query if query_pos is None else query + query_pos
+    if not batch_first:  # (num_query, bs, C) -> (bs, num_query, C)
+        query, value = query.transpose(0, 1), value.transpose(0, 1)
     bs, nq, _ = query.shape
     nv = value.shape[1]
     value = F.linear(value, m["value_proj.weight"], m["value_proj.bias"])
