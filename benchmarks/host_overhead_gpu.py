@@ -6,7 +6,9 @@ Each number is the wall time per call of back-to-back calls with no synchronisat
 (the GPU queue absorbs the launches), i.e. what Python, torch and the Triton launches cost on
 the host; a decoder-sized call is bounded by max(this, its GPU time). Rows: allocation
 baselines, the backend functions called directly (direct compiled-kernel launches on and off),
-and the public function with autograd. Ends with a markdown table.
+and the public function with autograd. Ends with a markdown table; ``--profile N`` adds where
+the host time of a forward+backward goes (:mod:`host_profile`: ours, the trivial Function floor
+and the CUDA op, N profiled calls each).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import nkilib_msda
 from bench_gpu import SHAPES, _load_cuda_op, add_cuda_op_dir, make_inputs, shape_name
 from nkilib_msda.backends import triton_backend as tb
+from host_profile import host_profile
 from nkilib_msda.pytorch.problem_cache import validated_problem
 
 
@@ -52,12 +55,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cuda-op-dir", default="", metavar="DIR",
                         help="Deformable-DETR's models/ops folder with the extension built in "
                              "place: adds its fwd+bwd through its autograd.Function (fp32)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile N fwd+bwd calls of ours, the floor and the CUDA op")
     args = parser.parse_args(argv)
     add_cuda_op_dir(args.cuda_op_dir)
     _ext, cuda_function, _note = _load_cuda_op()
     shape = SHAPES[args.shape]
     api = nkilib_msda.multi_scale_deformable_attention
     table = ["| dtype | stage | host µs/call |", "|---|---|---|"]
+    profiles = []
     for dtype_name in args.dtypes.split(","):
         value, loc, attn, grad = make_inputs(shape, getattr(torch, dtype_name))
         problem = validated_problem(value, shape.levels, None, loc, attn)
@@ -140,7 +146,18 @@ def main(argv=None) -> int:
             table.append(f"| {dtype_name} | GPU time of the Deformable-DETR CUDA op fwd+bwd "
                          f"(graph replay) | {gpu_us(cuda_fwd_bwd):.1f} |")
         print("\n".join(table[-3:]), flush=True)
+        if args.profile:
+            profiled = {f"ours {dtype_name}, public function fwd+bwd": api_fwd_bwd,
+                        f"trivial Function fwd+bwd, {dtype_name} CUDA tensors (floor)":
+                            stages["autograd floor: trivial Function fwd+bwd, CUDA tensors (baseline)"]}
+            if cuda_fwd_bwd is not None:
+                profiled["Deformable-DETR CUDA op fwd+bwd, its autograd.Function"] = cuda_fwd_bwd
+            for label, fn in profiled.items():
+                profiles.append(host_profile(fn, args.profile, label, sync=torch.cuda.synchronize))
+                print(profiles[-1], flush=True)
     print("\n" + "\n".join(table))
+    if profiles:
+        print("\n" + "\n\n".join(profiles))
     return 0
 
 

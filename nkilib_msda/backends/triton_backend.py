@@ -13,7 +13,7 @@ kernels for every value dtype; accumulation is fp32.
 Host path (what a decoder-sized call is bounded by): the support check, plan, level tables on
 the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
 validated problem object, dtypes and devices), and kernels are launched through the compiled
-kernel once Triton has compiled it (:class:`_Launcher`): no synchronisation and no host -> device
+kernel once Triton has compiled it (:mod:`.triton_launch`): no synchronisation and no host -> device
 copy per call. For 16-bit values the plan can keep the fp32 grad_value accumulator per signature
 and stream, cleared by the cast that ends each backward (``_Context.take_scratch``; off by
 default, see ``triton_plan.KEEP_SCRATCH_BY_DEFAULT``): it stays allocated until
@@ -27,6 +27,9 @@ from typing import Any
 
 from nkilib_msda._env import read_env
 from nkilib_msda.backends.protocol import Capabilities, capability_reason
+from nkilib_msda.backends.triton_launch import FAST_LAUNCH as _FAST_LAUNCH  # noqa: F401 - benchmarks switch it
+from nkilib_msda.backends.triton_launch import Launcher as _Launcher
+from nkilib_msda.backends.triton_launch import raw_stream as _raw_stream
 from nkilib_msda.backends.triton_plan import (  # noqa: F401 - the planning names belong to this backend's surface
     INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
@@ -184,72 +187,6 @@ def _cast_launch(numel: int, clear: bool):
     kwargs = dict(CLEAR=clear, INDEX64=numel + _CAST_BLOCK > INT32_MAX, BLOCK=_CAST_BLOCK,
                   num_warps=8)
     return msda_grad_value_cast_kernel, (-(-numel // _CAST_BLOCK),), (numel,), kwargs
-
-
-class _Launcher:
-    """One kernel with fixed grid, scalars and constexprs; launches re-use the compiled kernel.
-
-    The first launch goes through Triton's JIT (``kernel[grid](...)``), which returns the
-    compiled kernel; later launches with the same tensor dtypes and 16-byte alignment call
-    that compiled kernel directly, skipping the JIT's per-call argument binding and cache-key
-    work (host microseconds that decoder-sized calls are bounded by). Any failure of the direct
-    path falls back to the JIT path for good.
-    """
-
-    def __init__(self, kernel, grid: tuple, scalars: tuple, kwargs: dict) -> None:
-        self.kernel, self.grid, self.scalars, self.kwargs = kernel, grid, scalars, kwargs
-        names = list(kernel.arg_names)
-        self._constexpr_tail = tuple(kwargs[n] for n in names[len(names) - self._n_constexpr(names):])
-        self._runners: dict = {}
-        self._verified: set = set()
-
-    def _n_constexpr(self, names: list) -> int:
-        n = 0
-        for name in reversed(names):
-            if name not in self.kwargs:
-                break
-            n += 1
-        return n
-
-    def __call__(self, *tensors) -> None:
-        if not _FAST_LAUNCH[0]:
-            self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
-            return
-        key = tuple((t.dtype, t.data_ptr() & 15) for t in tensors)
-        runner = self._runners.get(key)
-        if runner:
-            if key in self._verified:
-                runner(*tensors, *self.scalars, *self._constexpr_tail)
-                return
-            try:  # first direct launch: an argument mismatch raises before anything runs
-                runner(*tensors, *self.scalars, *self._constexpr_tail)
-                self._verified.add(key)
-                return
-            except Exception:  # noqa: BLE001 - an unexpected Triton version: keep the JIT path
-                self._runners[key] = False
-        compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
-        if runner is None:
-            self._runners[key] = self._direct(compiled)
-
-    def _direct(self, compiled):
-        try:
-            return compiled[self.grid + (1,) * (3 - len(self.grid))]
-        except Exception:  # noqa: BLE001 - no compiled-kernel launcher in this Triton version
-            return False
-
-
-def _raw_stream(device) -> int:
-    """The handle of the current CUDA stream on ``device``."""
-    import torch
-
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher calls
-    if get is not None:
-        return get(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-# Direct launches of compiled kernels (see _Launcher); off under the interpreter.
-_FAST_LAUNCH = [bool(read_env("NKILIB_MSDA_TRITON_FAST_LAUNCH")) and not _interpreting()]
 
 
 class _Context:

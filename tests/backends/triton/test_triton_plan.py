@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nkilib_msda.backends import triton_backend as tb  # noqa: E402
+from nkilib_msda.backends import triton_launch  # noqa: E402
 from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args  # noqa: E402
 from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
@@ -186,9 +187,9 @@ class _FakeKernel:
 
 
 def test_launcher_reuses_compiled_kernel_with_all_arguments_in_order(monkeypatch):
-    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
     kernel = _FakeKernel()
-    launch = tb._Launcher(kernel, (6,), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
+    launch = triton_launch.Launcher(kernel, (6,), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
     a, b = torch.zeros(4), torch.zeros(4)
     launch(a, b)
     launch(a, b)
@@ -201,9 +202,9 @@ def test_launcher_reuses_compiled_kernel_with_all_arguments_in_order(monkeypatch
 
 
 def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
-    monkeypatch.setattr(tb, "_FAST_LAUNCH", [True])
+    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
     kernel = _FakeKernel(fail_direct=True)
-    launch = tb._Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
+    launch = triton_launch.Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
     a = torch.zeros(4)
     for _ in range(3):
         launch(a, a)
@@ -230,3 +231,55 @@ def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kern
     kernel, grid, scalars, kwargs = tb._backward_launch(p, plan, (True, True, True), True)
     assert kernel is msda_backward_kernel and kwargs["DETERMINISTIC"] is True
     assert kwargs["BLOCK_Q"] == plan.backward.block_q and len(scalars) == 5
+
+
+class _FakeCompiledWithLauncher(_FakeCompiled):
+    """A compiled kernel with the C launcher's attributes (``run``, ``function``,
+    ``packed_metadata``) that Triton's own runner calls."""
+
+    function, packed_metadata = "cu-function", "packed"
+
+    def run(self, *args):
+        self.log.append(("bare", args))
+
+
+def test_launcher_calls_the_c_launcher_as_tritons_runner_does(monkeypatch):
+    knobs = pytest.importorskip("triton.knobs", reason="needs a Triton with knobs (3.4+)")
+    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    kernel = _FakeKernel()
+    kernel.compiled = _FakeCompiledWithLauncher(kernel.log)
+    launch = triton_launch.Launcher(kernel, (6, 2), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
+    a, b = torch.zeros(4), torch.zeros(4)
+    launch(a, b)
+    launch(a, b)
+    assert [entry[0] for entry in kernel.log] == ["jit", "bare"]
+    # grid, stream of the current device, function, packed metadata, no launch metadata and
+    # no hooks, then the kernel's arguments with the constexpr tail
+    assert kernel.log[1][1] == (6, 2, 1, 1003, "cu-function", "packed", None, None, None,
+                                a, b, 7, 16, True)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    launch(a, b)  # a launch hook is set: Triton's runner launches, so the hook sees it
+    assert kernel.log[-1] == ("direct", (6, 2, 1), (a, b, 7, 16, True))
+
+
+def test_launcher_falls_back_to_tritons_runner_when_the_c_launcher_rejects_the_call(monkeypatch):
+    pytest.importorskip("triton.knobs", reason="needs a Triton with knobs (3.4+)")
+    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class RejectingLauncher(_FakeCompiledWithLauncher):
+        def run(self, *args):
+            raise TypeError("function takes exactly 12 arguments")
+
+    kernel = _FakeKernel()
+    kernel.compiled = RejectingLauncher(kernel.log)
+    launch = triton_launch.Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
+    a = torch.zeros(4)
+    for _ in range(4):
+        launch(a, a)
+    # JIT; the bare launch raises, so the JIT launches again; then Triton's runner for good
+    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "direct", "direct"]
