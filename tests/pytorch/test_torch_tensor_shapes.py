@@ -193,3 +193,20 @@ def test_tensor_shapes_operator_opcheck():
     torch.library.opcheck(
         torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes.default,
         (value, torch.tensor(SHAPES), None, *packed), {"num_points": [2, 2]})
+
+
+def test_msda_v2_default_method_with_tensor_shapes_compiles_fullgraph():
+    from nkilib_msda.pytorch.msda_v2 import multi_scale_deformable_attention_v2
+
+    counts = [3, 1]
+
+    def call(value, loc, attn, shapes):
+        return multi_scale_deformable_attention_v2(value, shapes, loc, attn, counts)
+
+    compiled, counter = _fullgraph(call)
+    value, loc, attn = _msda_inputs(2, 5, seed=14)   # 2 levels x 2 points = sum(counts)
+    tensors = (value, loc.flatten(3, 4), attn.flatten(3, 4))
+    shapes_t = torch.tensor(SHAPES)
+    _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
+                 _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
+    assert counter.frame_count == 1
