@@ -38,7 +38,8 @@ from nkilib_msda.pytorch.point_counts import pack_point_gradients, pad_point_cou
 __all__ = ["ms_deformable_attention", "ms_deformable_attention_bwd", "MSDAFunction",
            "save_msda_context", "msda_input_gradients", "FORWARD_NAME", "BACKWARD_NAME",
            "DOUBLE_BACKWARD_UNSUPPORTED", "msda_op_forward", "msda_op_backward",
-           "no_double_backward", "output_dims"]
+           "no_double_backward", "output_dims", "msda_backward_fake", "forward_schema",
+           "backward_schema", "INT_LIST_SHAPES"]
 
 FORWARD_NAME = "nkilib_msda::ms_deformable_attention"
 BACKWARD_NAME = "nkilib_msda::ms_deformable_attention_bwd"
@@ -47,6 +48,27 @@ _HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
 # The autograd backward hands its saved call to the backward operator it calls (eager paths
 # through the dispatcher), so one forward + backward binds once there too.
 _BACKWARD_HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
+
+# The operators' schemas, written once; ``shapes`` declares spatial_shapes and level_start_index.
+INT_LIST_SHAPES = "SymInt[] spatial_shapes, SymInt[] level_start_index"
+_POINTS = "bool? deterministic=None, SymInt[]? num_points=None"
+
+
+def forward_schema(shapes: str) -> str:
+    """A forward operator's schema; its bodies get every argument (see :mod:`._registration`)."""
+    return (f'(Tensor value, {shapes}, Tensor sampling_locations, Tensor attention_weights, '
+            f'str value_layout="BLNC", str sampling_locations_layout="BQHLP2", '
+            f'bool align_corners=False, str padding_mode="zeros", str backend="{AUTO}", '
+            f'{_POINTS}) -> Tensor')
+
+
+def backward_schema(shapes: str) -> str:
+    """A backward operator's schema: three gradients, zeros where ``compute`` is False."""
+    return (f'(Tensor grad_output, Tensor value, {shapes}, Tensor sampling_locations, '
+            f'Tensor attention_weights, str value_layout, str sampling_locations_layout, '
+            f'bool align_corners, str padding_mode, str backend, bool[] compute, {_POINTS}) '
+            f'-> (Tensor, Tensor, Tensor)')
+
 
 DOUBLE_BACKWARD_UNSUPPORTED = (
     "nkilib_msda.ms_deformable_attention: double backward (differentiating its gradients, "
@@ -97,34 +119,10 @@ def msda_op_backward(grad_output: Tensor, value: Tensor, spatial_shapes: list[in
     return grad_value, grad_loc, grad_attn
 
 
-def _backward_op_impl(
-    grad_output: Tensor,
-    value: Tensor,
-    spatial_shapes: list[int],
-    level_start_index: list[int],
-    sampling_locations: Tensor,
-    attention_weights: Tensor,
-    value_layout: str,
-    sampling_locations_layout: str,
-    align_corners: bool,
-    padding_mode: str,
-    backend: str,
-    compute: list[bool],
-    deterministic: bool | None = None,
-    num_points: list[int] | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """MSDA backward: always three tensors (grad_value, grad_sampling_locations,
-    grad_attention_weights), each in its input's shape, layout and dtype; zeros where
-    ``compute`` is False."""
-    return msda_op_backward(grad_output, value, spatial_shapes, level_start_index,
-                            sampling_locations, attention_weights, value_layout,
-                            sampling_locations_layout, align_corners, padding_mode, backend,
-                            compute, deterministic, num_points)
-
-
-def _backward_fake(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, value_layout, sampling_locations_layout, align_corners,
-                   padding_mode, backend, compute, deterministic=None, num_points=None):
+def msda_backward_fake(grad_output: Tensor, value: Tensor, spatial_shapes: Any,
+                       level_start_index: Any, sampling_locations: Tensor,
+                       attention_weights: Tensor, *options: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward operators' fake kernel: three gradients in their inputs' shapes."""
     _BACKWARD_HANDOFF.clear()
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
@@ -135,9 +133,10 @@ def no_double_backward(ctx: Any, *grads: Tensor) -> tuple:
     raise RuntimeError(DOUBLE_BACKWARD_UNSUPPORTED)
 
 
-ms_deformable_attention_bwd = register_operator("ms_deformable_attention_bwd", _backward_op_impl,
-                                                _backward_fake, backward=no_double_backward,
-                                                setup_context=lambda ctx, inputs, output: None)
+ms_deformable_attention_bwd = register_operator(
+    "ms_deformable_attention_bwd", msda_op_backward, msda_backward_fake,
+    schema=backward_schema(INT_LIST_SHAPES), backward=no_double_backward,
+    setup_context=lambda ctx, inputs, output: None)
 
 
 # ------------------------------------------------------------- the one autograd definition
@@ -197,29 +196,16 @@ def msda_op_forward(value: Tensor, spatial_shapes: list[int], level_start_index:
     return call, call.forward(value, locations, weights)
 
 
-def _forward_op_impl(
-    value: Tensor,
-    spatial_shapes: list[int],
-    level_start_index: list[int],
-    sampling_locations: Tensor,
-    attention_weights: Tensor,
-    value_layout: str = "BLNC",
-    sampling_locations_layout: str = "BQHLP2",
-    align_corners: bool = False,
-    padding_mode: str = "zeros",
-    backend: str = AUTO,
-    deterministic: bool | None = None,
-    num_points: list[int] | None = None,
-) -> Tensor:
+def _forward_op_impl(value: Tensor, spatial_shapes: list[int], level_start_index: list[int],
+                     sampling_locations: Tensor, attention_weights: Tensor, *options: Any
+                     ) -> Tensor:
     """MSDA forward: (B, N_q, N_h*C_h) in value's dtype, computed by ``backend``.
 
     ``deterministic`` is only used by the backward (bitwise-reproducible grad_value; None: the
     backend's default, e.g. ``NKILIB_MSDA_DETERMINISTIC`` for triton)."""
     call, output = msda_op_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                                   attention_weights, value_layout, sampling_locations_layout,
-                                   align_corners, padding_mode, backend, deterministic,
-                                   num_points)
-    if num_points is None:
+                                   attention_weights, *options)
+    if options[-1] is None:  # num_points: with per-level counts the backward binds again
         _HANDOFF.put((value, sampling_locations, attention_weights), call)
     return output
 
@@ -232,9 +218,9 @@ def output_dims(value: Tensor, sampling_locations: Tensor, value_layout: str,
     return (value.shape[0], queries, heads * value.shape[3])
 
 
-def _forward_fake(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                  value_layout="BLNC", sampling_locations_layout="BQHLP2", align_corners=False,
-                  padding_mode="zeros", backend=AUTO, deterministic=None, num_points=None):
+def _forward_fake(value: Tensor, spatial_shapes: Any, level_start_index: Any,
+                  sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
+                  sampling_locations_layout: str, *options: Any) -> Tensor:
     _HANDOFF.clear()
     return value.new_empty(output_dims(value, sampling_locations, value_layout,
                                        sampling_locations_layout))
@@ -275,9 +261,9 @@ def _backward(ctx: Any, grad_output: Tensor) -> tuple:
     return (grad_value, None, None, grad_loc, grad_attn, None, None, None, None, None, None, None)
 
 
-ms_deformable_attention = register_operator("ms_deformable_attention", _forward_op_impl,
-                                            _forward_fake, backward=_backward,
-                                            setup_context=_setup_context)
+ms_deformable_attention = register_operator(
+    "ms_deformable_attention", _forward_op_impl, _forward_fake,
+    schema=forward_schema(INT_LIST_SHAPES), backward=_backward, setup_context=_setup_context)
 
 
 class MSDAFunction(torch.autograd.Function):

@@ -25,14 +25,15 @@ from torch import Tensor
 from nkilib_msda._env import check_optional_bool
 from nkilib_msda.pytorch import dispatch
 from nkilib_msda.pytorch._registration import register_operator
-from nkilib_msda.pytorch.dispatch import AUTO
-from nkilib_msda.pytorch.ops import (msda_op_backward, msda_op_forward, no_double_backward,
+from nkilib_msda.pytorch.ops import (backward_schema, forward_schema, msda_backward_fake,
+                                     msda_op_backward, msda_op_forward, no_double_backward,
                                      output_dims)
 
 __all__ = ["ms_deformable_attention_tensor_shapes", "ms_deformable_attention_tensor_shapes_bwd",
            "tensor_shapes_operator_args", "TENSOR_SHAPES_FORWARD_NAME"]
 
 TENSOR_SHAPES_FORWARD_NAME = "nkilib_msda::ms_deformable_attention_tensor_shapes"
+_TENSOR_SHAPES = "Tensor spatial_shapes, Tensor? level_start_index"
 
 
 def _check_shapes_tensor(spatial_shapes: Tensor) -> None:
@@ -66,52 +67,36 @@ def _starts(level_start_index: Tensor | None, flat_shapes: list[int]) -> list[in
 
 
 def _backward_impl(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
-                   level_start_index: Tensor | None, sampling_locations: Tensor,
-                   attention_weights: Tensor, value_layout: str, sampling_locations_layout: str,
-                   align_corners: bool, padding_mode: str, backend: str, compute: list[bool],
-                   deterministic: bool | None = None, num_points: list[int] | None = None
+                   level_start_index: Tensor | None, *tensors_and_options: Any
                    ) -> tuple[Tensor, Tensor, Tensor]:
     """MSDA backward with tensor spatial shapes: as ``ms_deformable_attention_bwd``."""
     flat = _flat_shapes(spatial_shapes)
     return msda_op_backward(grad_output, value, flat, _starts(level_start_index, flat),
-                            sampling_locations, attention_weights, value_layout,
-                            sampling_locations_layout, align_corners, padding_mode, backend,
-                            compute, deterministic, num_points)
-
-
-def _backward_fake(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, value_layout, sampling_locations_layout, align_corners,
-                   padding_mode, backend, compute, deterministic=None, num_points=None):
-    return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
-            attention_weights.new_empty(attention_weights.shape))
+                            *tensors_and_options)
 
 
 ms_deformable_attention_tensor_shapes_bwd = register_operator(
-    "ms_deformable_attention_tensor_shapes_bwd", _backward_impl, _backward_fake,
-    backward=no_double_backward, setup_context=lambda ctx, inputs, output: None)
+    "ms_deformable_attention_tensor_shapes_bwd", _backward_impl, msda_backward_fake,
+    schema=backward_schema(_TENSOR_SHAPES), backward=no_double_backward,
+    setup_context=lambda ctx, inputs, output: None)
 
 
 # ----------------------------------------------------------------------------- forward
 
 
 def _forward_impl(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor | None,
-                  sampling_locations: Tensor, attention_weights: Tensor,
-                  value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
-                  align_corners: bool = False, padding_mode: str = "zeros", backend: str = AUTO,
-                  deterministic: bool | None = None, num_points: list[int] | None = None
-                  ) -> Tensor:
+                  *tensors_and_options: Any) -> Tensor:
     """MSDA forward with tensor spatial shapes (N_l, 2) and level starts (N_l,) or None:
     (B, N_q, N_h*C_h) in value's dtype, as ``ms_deformable_attention``."""
     flat = _flat_shapes(spatial_shapes)
-    _, output = msda_op_forward(value, flat, _starts(level_start_index, flat), sampling_locations,
-                                attention_weights, value_layout, sampling_locations_layout,
-                                align_corners, padding_mode, backend, deterministic, num_points)
+    _, output = msda_op_forward(value, flat, _starts(level_start_index, flat),
+                                *tensors_and_options)
     return output
 
 
-def _forward_fake(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                  value_layout="BLNC", sampling_locations_layout="BQHLP2", align_corners=False,
-                  padding_mode="zeros", backend=AUTO, deterministic=None, num_points=None):
+def _forward_fake(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor | None,
+                  sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
+                  sampling_locations_layout: str, *options: Any) -> Tensor:
     _check_shapes_tensor(spatial_shapes)
     return value.new_empty(output_dims(value, sampling_locations, value_layout,
                                        sampling_locations_layout))
@@ -140,8 +125,8 @@ def _backward(ctx: Any, grad_output: Tensor) -> tuple:
 
 
 ms_deformable_attention_tensor_shapes = register_operator(
-    "ms_deformable_attention_tensor_shapes", _forward_impl, _forward_fake, backward=_backward,
-    setup_context=_setup_context)
+    "ms_deformable_attention_tensor_shapes", _forward_impl, _forward_fake,
+    schema=forward_schema(_TENSOR_SHAPES), backward=_backward, setup_context=_setup_context)
 
 
 def tensor_shapes_operator_args(value: Any, spatial_shapes: Tensor, level_start_index: Any,
