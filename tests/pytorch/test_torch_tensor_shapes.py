@@ -7,10 +7,13 @@ float32, and on shapes tensors other than the one traced."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export import Dim
 
 import nkilib_msda
 
@@ -137,6 +140,34 @@ def test_export_keeps_the_shapes_tensor_an_input_and_reads_it_when_run():
     for shapes, seed in ((SHAPES, 6), (OTHER_SHAPES, 7)):
         inputs = (*_module_inputs(3, 7, seed), torch.tensor(shapes))
         torch.testing.assert_close(program.module()(*inputs), model(*inputs), **TOL)
+
+
+def test_export_with_dynamic_batch_and_queries_saves_and_loads():
+    model = _DetrAttention()
+    batch, queries = Dim("batch", min=1, max=64), Dim("queries", min=1, max=1024)
+    program = torch.export.export(
+        model, (*_module_inputs(3, 7, 15), torch.tensor(SHAPES)),
+        dynamic_shapes=({0: batch, 1: queries}, {0: batch, 1: queries}, {0: batch}, None))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer).module()
+    for size, shapes in (((1, 1), SHAPES), ((5, 11), OTHER_SHAPES)):
+        inputs = (*_module_inputs(*size, seed=sum(size)), torch.tensor(shapes))
+        torch.testing.assert_close(loaded(*inputs), model(*inputs), **TOL)
+
+
+def test_msdeformattn_function_fullgraph_compile():
+    def call(value, loc, attn, shapes):
+        return nkilib_msda.MSDeformAttnFunction.apply(value, shapes, torch.tensor(STARTS), loc,
+                                                      attn, 64)
+
+    compiled, counter = _fullgraph(call)
+    tensors = _msda_inputs(2, 5, seed=16)
+    shapes_t = torch.tensor(SHAPES)
+    _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
+                 _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
+    assert counter.frame_count == 1
 
 
 def test_bad_shape_values_fail_at_run_time_with_one_line():
