@@ -92,30 +92,30 @@ def test_msdeformattn_fullgraph_compile_forward_and_backward(n_points, ref_dims)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_functional_fullgraph_compile_forward_and_backward():
-    def call(value, loc, attn, shapes):
-        return nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn)
+def _functional(value, loc, attn, shapes):
+    return nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn)
 
+
+def _hf_layer(value, loc, attn, shapes):  # called without value_spatial_shapes_list
+    return nkilib_msda.MultiScaleDeformableAttention()(value, shapes, None,
+                                                       torch.tensor(STARTS), loc, attn, 64)
+
+
+def _detr_function(value, loc, attn, shapes):
+    return nkilib_msda.MSDeformAttnFunction.apply(value, shapes, torch.tensor(STARTS), loc,
+                                                  attn, 64)
+
+
+@pytest.mark.parametrize("call", [_functional, _hf_layer, _detr_function],
+                         ids=["functional", "hf_layer", "msdeformattn_function"])
+def test_entry_points_fullgraph_compile_forward_and_backward(call):
     compiled, counter = _fullgraph(call)
-    for shapes in (SHAPES, OTHER_SHAPES):
-        tensors = _msda_inputs(2, 5, seed=len(shapes[0]))
+    cases = [(SHAPES, 4)] + ([(OTHER_SHAPES, 5)] if call is _functional else [])
+    for shapes, seed in cases:
+        tensors = _msda_inputs(2, 5, seed=seed)
         shapes_t = torch.tensor(shapes)
         _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
                      _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
-    assert counter.frame_count == 1
-
-
-def test_hf_layer_without_the_python_shapes_list_compiles_fullgraph():
-    layer = nkilib_msda.MultiScaleDeformableAttention()
-
-    def call(value, loc, attn, shapes):
-        return layer(value, shapes, None, torch.tensor(STARTS), loc, attn, 64)
-
-    compiled, counter = _fullgraph(call)
-    tensors = _msda_inputs(2, 5, seed=4)
-    shapes_t = torch.tensor(SHAPES)
-    _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
-                 _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
     assert counter.frame_count == 1
 
 
@@ -155,19 +155,6 @@ def test_export_with_dynamic_batch_and_queries_saves_and_loads():
     for size, shapes in (((1, 1), SHAPES), ((5, 11), OTHER_SHAPES)):
         inputs = (*_module_inputs(*size, seed=sum(size)), torch.tensor(shapes))
         torch.testing.assert_close(loaded(*inputs), model(*inputs), **TOL)
-
-
-def test_msdeformattn_function_fullgraph_compile():
-    def call(value, loc, attn, shapes):
-        return nkilib_msda.MSDeformAttnFunction.apply(value, shapes, torch.tensor(STARTS), loc,
-                                                      attn, 64)
-
-    compiled, counter = _fullgraph(call)
-    tensors = _msda_inputs(2, 5, seed=16)
-    shapes_t = torch.tensor(SHAPES)
-    _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
-                 _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
-    assert counter.frame_count == 1
 
 
 def test_bad_shape_values_fail_at_run_time_with_one_line():
