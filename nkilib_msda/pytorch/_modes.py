@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["can_skip_dispatcher", "in_functorch_transform", "profiler_range", "autocast_disabled",
-           "FAST_PATH_DEVICES"]
+           "values_unreadable", "FAST_PATH_DEVICES"]
 
 # Device types whose eager calls may skip the dispatcher; any other (TorchNeuron's
 # PrivateUse1, meta) always meets the registered operators' kernels.
@@ -40,6 +40,14 @@ def can_skip_dispatcher(*tensors: Tensor) -> bool:
         if type(t) not in _PLAIN_TENSOR_TYPES or t.is_meta:
             return False
     return True
+
+
+def values_unreadable(x: Tensor) -> bool:
+    """Whether the values of tensor ``x`` cannot be read now: while torch.compile /
+    torch.export traces (reading them would break the graph), or a fake tensor (fake mode)."""
+    if torch.compiler.is_compiling():
+        return True
+    return type(x) is not Tensor and torch._subclasses.fake_tensor.is_fake(x)
 
 
 def in_functorch_transform() -> bool:

@@ -8,7 +8,10 @@
   shapes without running anything;
 - ``AutocastCPU`` / ``AutocastCUDA`` kernels that rerun it with autocast off, so an autocast
   region never changes what it computes (it works in the dtypes it receives);
-- optionally autograd (``backward`` and ``setup_context``).
+- optionally autograd (``backward`` and ``setup_context``);
+- optionally an explicit ``schema`` (otherwise inferred from ``impl``'s type hints): then the
+  implementation and the fake kernel receive every argument positionally, the schema's
+  defaults filled in for those the caller left out, so they need not repeat the defaults.
 
 :class:`CallHandoff` passes the call object an implementation bound from its arguments on to
 the ``setup_context`` that follows it, so the autograd node re-uses it instead of binding again.
@@ -34,10 +37,16 @@ _AUTOCAST_KEYS = (("AutocastCPU", "cpu"), ("AutocastCUDA", "cuda"))
 
 
 def register_operator(name: str, impl: Callable[..., Any], fake: Callable[..., Any], *,
-                      backward: Callable[..., Any] | None = None,
+                      schema: str | None = None, backward: Callable[..., Any] | None = None,
                       setup_context: Callable[..., Any] | None = None) -> Any:
     """Register ``nkilib_msda::name`` (see the module docstring); returns the custom op."""
-    op = torch.library.custom_op(f"{LIBRARY}::{name}", impl, mutates_args=())
+    if schema is not None:
+        defaults: list[Any] = []
+        impl, fake = _with_defaults(impl, defaults), _with_defaults(fake, defaults)
+    op = torch.library.custom_op(f"{LIBRARY}::{name}", impl, mutates_args=(), schema=schema)
+    if schema is not None:
+        defaults.extend(argument.default_value if argument.has_default_value() else None
+                        for argument in getattr(torch.ops.nkilib_msda, name).default._schema.arguments)
     op.register_fake(fake)
     op.register_kernel(_NEURON_KEY)(impl)
     for key, device_type in _AUTOCAST_KEYS:
@@ -45,6 +54,17 @@ def register_operator(name: str, impl: Callable[..., Any], fake: Callable[..., A
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
     return op
+
+
+def _with_defaults(fn: Callable[..., Any], defaults: list[Any]) -> Callable[..., Any]:
+    """``fn`` called with every argument: the dispatcher passes only those up to the last one
+    the caller gave; ``defaults`` (one per schema argument) fills in the rest."""
+    def full(*args: Any) -> Any:
+        if len(args) < len(defaults):
+            args = (*args, *defaults[len(args):])
+        return fn(*args)
+
+    return full
 
 
 def _autocast_off(name: str, device_type: str) -> Callable[..., Any]:

@@ -9,7 +9,10 @@ selection; a forward-only call is checked against forward limits only):
   whose PrivateUse1 kernel launches the NKI kernels): the functional API only checks the
   arguments (:func:`.call.msda_operator_args`) and the registered operator binds when it runs,
   so ``backend=None`` stays "auto" in a traced or exported graph;
-- inside ``torch.func`` transforms: the same operators through :mod:`.func_transforms`.
+- inside ``torch.func`` transforms: the same operators through :mod:`.func_transforms`;
+- spatial shapes in a tensor while tracing (Deformable-DETR's call style under torch.compile /
+  torch.export): the operator that takes them as a tensor and reads them when it runs
+  (:mod:`.tensor_shapes_ops`), so the graph neither breaks nor bakes the values in.
 
 Every path shares one backward (:mod:`.ops`).
 """
@@ -23,11 +26,12 @@ from torch import Tensor
 
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
-from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES, in_functorch_transform
+from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES, in_functorch_transform, values_unreadable
 from nkilib_msda.pytorch.call import bind_msda_call, msda_operator_args, needs_input_grad
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
 from nkilib_msda.pytorch.func_transforms import msda_under_transform
 from nkilib_msda.pytorch.point_counts import level_count, pad_point_counts
+from nkilib_msda.pytorch.tensor_shapes_ops import tensor_shapes_operator_args
 
 __all__ = ["multi_scale_deformable_attention"]
 
@@ -60,7 +64,8 @@ def multi_scale_deformable_attention(
     Args:
         value: (B, L, N_h, C_h) for ``value_layout="BLNC"`` or (B, N_h, L, C_h) for "BNLC",
             L = sum(H_l * W_l).
-        spatial_shapes: (H_l, W_l) per level: pairs or an int tensor (N_l, 2).
+        spatial_shapes: (H_l, W_l) per level: pairs or an int tensor (N_l, 2) (read when the
+            call runs, also in a compiled or exported graph).
         level_start_index: cumulative H*W per level (tuple/list/tensor) or None to derive it.
         sampling_locations: normalized (x, y) in [0, 1]; (B, N_q, N_h, N_l, N_p, 2) for
             "BQHLP2" or (B, 2, N_q, N_h, N_l, N_p) for "B2QHLP".
@@ -92,6 +97,12 @@ def multi_scale_deformable_attention(
                               needs_backward=needs_input_grad(value, sampling_locations,
                                                               attention_weights))
         return msda_forward_eager(call, value, sampling_locations, attention_weights)
+    if isinstance(spatial_shapes, Tensor) and values_unreadable(spatial_shapes):
+        return torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
+            *tensor_shapes_operator_args(value, spatial_shapes, level_start_index,
+                                         sampling_locations, attention_weights, value_layout,
+                                         sampling_locations_layout, align_corners, padding_mode,
+                                         backend, deterministic))
     args = msda_operator_args(value, spatial_shapes, level_start_index, sampling_locations,
                               attention_weights, value_layout, sampling_locations_layout,
                               align_corners, padding_mode, backend, deterministic)

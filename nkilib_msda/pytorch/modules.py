@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from nkilib_msda.pytorch._modes import values_unreadable
 from nkilib_msda.pytorch.eager import can_skip_dispatcher
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.point_counts import check_num_points
@@ -19,8 +20,16 @@ from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
 __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
 
 
-def _shapes_tuple(spatial_shapes: Any) -> tuple[tuple[int, int], ...]:
-    """(H, W) pairs as Python ints: one host sync for a tensor, done at the model edge."""
+# The spatial shapes as the module uses them: (H, W) pairs of Python ints, or the (N_l, 2) int
+# tensor itself while tracing (its values are read by the operator when the graph runs).
+Shapes = tuple[tuple[int, int], ...] | Tensor
+
+
+def _module_shapes(spatial_shapes: Any) -> Shapes:
+    """(H, W) pairs as Python ints (one host sync for a tensor, done at the model edge), or the
+    tensor itself while it cannot be read (tracing)."""
+    if isinstance(spatial_shapes, Tensor) and values_unreadable(spatial_shapes):
+        return spatial_shapes
     return spatial_shapes_tuple(spatial_shapes, "input_spatial_shapes")
 
 
@@ -28,10 +37,11 @@ _NORMALIZERS: dict[tuple, Tensor] = {}
 _MAX_NORMALIZERS = 64
 
 
-def _offset_normalizer(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype,
-                       device: torch.device) -> Tensor:
+def _offset_normalizer(shapes: Shapes, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(N_l, 2) tensor of (W, H) per level. Cached in plain eager mode: building it from Python
     ints every forward costs a host-to-device copy (a stream sync on CUDA)."""
+    if isinstance(shapes, Tensor):
+        return shapes.flip(-1).to(device=device, dtype=dtype)
     if not can_skip_dispatcher():  # tracing or a mode: build it where it can be seen
         return torch.tensor([[w, h] for h, w in shapes], dtype=dtype, device=device)
     # Inference tensors cannot be saved for backward outside inference mode: keep them apart.
@@ -166,7 +176,7 @@ class MSDeformAttn(nn.Module):
                 input_spatial_shapes: Tensor | Sequence[Sequence[int]],
                 input_level_start_index: Tensor | Sequence[int] | None,
                 input_padding_mask: Tensor | None = None) -> Tensor:
-        shapes = _shapes_tuple(input_spatial_shapes)
+        shapes = _module_shapes(input_spatial_shapes)
         self._check_inputs(query, reference_points, input_flatten, shapes, input_padding_mask)
         batch, num_queries, _ = query.shape
         length_in = input_flatten.shape[1]
@@ -199,7 +209,7 @@ class MSDeformAttn(nn.Module):
         return self.output_proj(output)
 
     def _per_level_points(self, query: Tensor, reference_points: Tensor, value: Tensor,
-                          shapes: tuple[tuple[int, int], ...], level_start_index: Any) -> Tensor:
+                          shapes: Shapes, level_start_index: Any) -> Tensor:
         """The attention (N, Len_q, d_model) with per-level counts ``num_points_list``: every
         per-point factor repeats its level's entry P_l times (points packed level by level)."""
         counts = self.num_points_list
@@ -226,7 +236,7 @@ class MSDeformAttn(nn.Module):
             num_points=counts)
 
     def _check_inputs(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor,
-                      shapes: tuple[tuple[int, int], ...], input_padding_mask: Tensor | None) -> None:
+                      shapes: Shapes, input_padding_mask: Tensor | None) -> None:
         if query.dim() != 3 or query.shape[-1] != self.d_model:
             raise ValueError(f"query: expected (N, Len_q, d_model={self.d_model}), got shape "
                              f"{tuple(query.shape)}")
@@ -234,13 +244,18 @@ class MSDeformAttn(nn.Module):
         if input_flatten.dim() != 3 or input_flatten.shape[0] != batch or input_flatten.shape[-1] != self.d_model:
             raise ValueError(f"input_flatten: expected (N={batch}, Len_in, d_model={self.d_model}), "
                              f"got shape {tuple(input_flatten.shape)}")
-        if len(shapes) != self.n_levels:
-            raise ValueError(f"input_spatial_shapes: expected n_levels={self.n_levels} (H, W) pairs, "
-                             f"got {len(shapes)}")
-        total = sum(h * w for h, w in shapes)
-        if total != input_flatten.shape[1]:
-            raise ValueError(f"input_flatten: expected Len_in = sum(H*W) = {total} from "
-                             f"input_spatial_shapes, got shape {tuple(input_flatten.shape)}")
+        if isinstance(shapes, Tensor):  # traced: Len_in is checked when the operator runs
+            if shapes.dim() != 2 or tuple(shapes.shape) != (self.n_levels, 2):
+                raise ValueError(f"input_spatial_shapes: expected an int tensor (n_levels, 2) = "
+                                 f"({self.n_levels}, 2), got shape {tuple(shapes.shape)}")
+        else:
+            if len(shapes) != self.n_levels:
+                raise ValueError(f"input_spatial_shapes: expected n_levels={self.n_levels} (H, W) "
+                                 f"pairs, got {len(shapes)}")
+            total = sum(h * w for h, w in shapes)
+            if total != input_flatten.shape[1]:
+                raise ValueError(f"input_flatten: expected Len_in = sum(H*W) = {total} from "
+                                 f"input_spatial_shapes, got shape {tuple(input_flatten.shape)}")
         want = (batch, num_queries, self.n_levels)
         if (reference_points.dim() != 4 or tuple(reference_points.shape[:3]) != want
                 or reference_points.shape[-1] not in (2, 4)):

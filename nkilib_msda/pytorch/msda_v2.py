@@ -13,6 +13,10 @@ and ``method``:
   a gather with no bilinear kernel in any backend, so it runs as torch operations on the
   inputs' device (:func:`discrete_attention`); like the models' code it gives the locations no
   gradient.
+
+Spatial shapes in a tensor while tracing reach the operator as a tensor with ``"default"``
+(read when the graph runs); ``"discrete"`` needs their values while tracing, so there they
+must be Python ints.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from nkilib_msda.pytorch._modes import values_unreadable
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
-from nkilib_msda.pytorch.point_counts import check_num_points, check_packed_points
+from nkilib_msda.pytorch.point_counts import check_num_points, check_packed_points, level_count
 from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
 
 __all__ = ["multi_scale_deformable_attention_v2", "discrete_attention", "METHODS"]
@@ -100,6 +105,13 @@ def multi_scale_deformable_attention_v2(
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
+    if (method == "default" and isinstance(value_spatial_shapes, Tensor)
+            and values_unreadable(value_spatial_shapes)):
+        counts = check_num_points(num_points_list, level_count(value_spatial_shapes),
+                                  "num_points_list")
+        return multi_scale_deformable_attention(value, value_spatial_shapes, None,
+                                                sampling_locations, attention_weights,
+                                                backend=backend, num_points=counts)
     shapes = spatial_shapes_tuple(value_spatial_shapes)
     counts = check_num_points(num_points_list, len(shapes), "num_points_list")
     if method == "default":

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from torch import Tensor, cat
 
 __all__ = ["check_num_points", "check_packed_points", "level_count", "pad_point_counts",
-           "OFF_MAP_LOCATION"]
+           "pack_point_gradients", "OFF_MAP_LOCATION"]
 
 OFF_MAP_LOCATION = -1.0
 _LAYOUTS = ("BQHLP2", "B2QHLP")
@@ -126,3 +126,29 @@ def pad_point_counts(sampling_locations: Tensor, attention_weights: Tensor, num_
         attention_weights = _spread(attention_weights, -1, counts, width, 0.0)
     return (sampling_locations.unflatten(dim, (num_levels, width)),
             attention_weights.unflatten(-1, (num_levels, width)))
+
+
+def _gather(x: Tensor, dim: int, counts: tuple[int, ...], width: int) -> Tensor:
+    """The inverse of :func:`_spread`: level l's first ``counts[l]`` of its ``width`` slots."""
+    if all(count == width for count in counts):
+        return x
+    return cat([x.narrow(dim, level * width, count) for level, count in enumerate(counts)],
+               dim=dim)
+
+
+def pack_point_gradients(grad_locations: Tensor, grad_weights: Tensor, num_points: Any,
+                         sampling_locations_layout: str = "BQHLP2") -> tuple[Tensor, Tensor]:
+    """The gradients of :func:`pad_point_counts`' outputs -> those of its packed inputs.
+
+    ``grad_locations`` (B, N_q, N_h, L, P_max, 2) ("B2QHLP": (B, 2, N_q, N_h, L, P_max)) and
+    ``grad_weights`` (B, N_q, N_h, L, P_max) become (B, N_q, N_h, sum(P), 2) and
+    (B, N_q, N_h, sum(P)); the padded slots' entries are dropped.
+    """
+    dim = _point_dim(sampling_locations_layout)
+    counts = tuple(num_points)
+    width = max(counts)
+    level_dim = dim - 1
+    grad_locations = grad_locations.flatten(level_dim, dim)
+    grad_weights = grad_weights.flatten(-2, -1)
+    return (_gather(grad_locations, dim, counts, width),
+            _gather(grad_weights, -1, counts, width))

@@ -84,8 +84,9 @@ def check_readable(name: str, x: Any) -> None:
 
 def check_static(name: str, x: Any) -> None:
     """While torch.compile / torch.export traces, a tensor's values are not known (reading
-    them is a graph break, and fullgraph compile and export fail); the spatial shapes are
-    compile-time constants of the kernels, so they must arrive as Python ints."""
+    them is a graph break, and fullgraph compile and export fail). The MSDA entry points send
+    a traced shapes tensor to the tensor-shapes operator before reaching this; a route that
+    needs the values while tracing (``method="discrete"``) asks for Python ints here."""
     if isinstance(x, Tensor) and torch.compiler.is_compiling():
         raise ValueError(
             f"{name}: got a tensor while torch.compile/torch.export traces, where its values "

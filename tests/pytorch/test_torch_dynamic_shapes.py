@@ -1,6 +1,6 @@
 """Dynamic batch and queries (Block AttnRes: batch and tokens) under torch.export and
-torch.compile(dynamic=True), and spatial shapes given as a tensor (Deformable-DETR's call
-style) while tracing.
+torch.compile(dynamic=True), and level starts given as a tensor while tracing (spatial shapes
+as a tensor: test_torch_tensor_shapes.py).
 
 Every exported or compiled result is compared with the eager call on the same inputs, at sizes
 other than the example's; the example sizes avoid the constant dims (N_h, N_l, N_p, 2), which
@@ -187,43 +187,3 @@ def test_tensor_level_starts_compile_fullgraph_without_graph_breaks():
     torch.testing.assert_close(torch.compile(call, fullgraph=True, backend=counter)(*inputs),
                                call(*inputs))
     assert counter.frame_count == 1
-
-
-def _message_chain(exc: BaseException) -> str:
-    parts = []
-    while exc is not None:
-        parts.append(str(exc))
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(parts)
-
-
-_PASS_INTS = "input_spatial_shapes: got a tensor while torch.compile/torch.export traces"
-
-
-def test_tensor_spatial_shapes_export_fails_with_one_line_saying_what_to_pass():
-    module = DeformableDetr()
-
-    class TensorShapes(torch.nn.Module):
-        def forward(self, q, r, x, shapes):
-            return module.attn(q, r, x, shapes, None)
-
-    with pytest.raises(ValueError) as info:
-        torch.export.export(TensorShapes(), (*_module_tensors(3, 7, seed=6), torch.tensor(SHAPES)))
-    message = str(info.value)
-    assert message.startswith(_PASS_INTS) and "\n" not in message
-    assert "pass the (H, W) pairs as Python ints" in message
-
-
-def test_tensor_spatial_shapes_fullgraph_compile_fails_saying_what_to_pass():
-    torch._dynamo.reset()
-    _, call = _detr_call(torch.tensor(SHAPES), torch.tensor(STARTS))
-    with pytest.raises(Exception) as info:
-        torch.compile(call, fullgraph=True, backend="aot_eager")(*_module_tensors(3, 7, seed=7))
-    assert _PASS_INTS in _message_chain(info.value)
-
-
-def test_tensor_spatial_shapes_compile_with_graph_breaks_still_runs():
-    torch._dynamo.reset()
-    _, call = _detr_call(torch.tensor(SHAPES), torch.tensor(STARTS))
-    inputs = _module_tensors(3, 7, seed=8)
-    torch.testing.assert_close(torch.compile(call, backend="aot_eager")(*inputs), call(*inputs))

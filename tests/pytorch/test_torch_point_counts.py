@@ -285,3 +285,74 @@ def test_export_keeps_padding_as_aten_ops_before_the_operator():
     assert "aten.cat.default" in targets
     torch.testing.assert_close(program.module()(value, loc, weights),
                                _oracle(value, SHAPES, loc, weights, COUNTS), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ the registered operators
+
+_FLAT = [d for pair in SHAPES for d in pair]
+_STARTS = [0, 24, 30]
+
+
+def _op_with_counts(layout, counts=COUNTS):
+    """The forward operator called with ``num_points`` (locations given packed, BQHLP2)."""
+    def call(v, s, a):
+        if layout == "B2QHLP":
+            s = s.permute(0, 4, 1, 2, 3)
+        return torch.ops.nkilib_msda.ms_deformable_attention(
+            v, _FLAT, _STARTS, s, a, "BLNC", layout, False, "zeros", "reference", None,
+            list(counts))
+    return call
+
+
+@pytest.mark.parametrize("layout", ["BQHLP2", "B2QHLP"])
+@pytest.mark.parametrize("counts", [COUNTS, (1, 4, 1), (2, 2, 2)], ids=str)
+def test_operator_num_points_matches_per_level_oracle(layout, counts):
+    """Padding and unpadding happen inside the operator: forward and the three gradients in
+    the packed shapes equal the float64 per-level oracle."""
+    value, loc, weights, grad = _inputs(counts, seed=len(layout) + sum(counts))
+    want, want_grads = _grads(lambda v, s, a: _oracle(v, SHAPES, s, a, counts),
+                              (value, loc, weights), grad)
+    got, got_grads = _grads(_op_with_counts(layout, counts), (value, loc, weights), grad)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
+
+
+def test_operator_num_points_backward_operator_and_compute_mask():
+    """The backward operator with ``num_points``: gradients in the packed shapes, zeros where
+    ``compute`` is False; it equals the functional API's gradients at 1e-10."""
+    value, loc, weights, grad = _inputs(seed=21)
+    _, want = _grads(lambda v, s, a: nkilib_msda.multi_scale_deformable_attention(
+        v, SHAPES, None, s, a, num_points=COUNTS), (value, loc, weights), grad)
+    grads = torch.ops.nkilib_msda.ms_deformable_attention_bwd(
+        grad, value, _FLAT, _STARTS, loc, weights, "BLNC", "BQHLP2", False, "zeros", "reference",
+        [True, False, True], None, list(COUNTS))
+    torch.testing.assert_close(grads[0], want[0], rtol=1e-10, atol=1e-12)
+    assert grads[1].shape == loc.shape and not grads[1].any()
+    torch.testing.assert_close(grads[2], want[2], rtol=1e-10, atol=1e-12)
+
+
+def test_operator_num_points_fake_kernel_and_opcheck():
+    value, loc, weights, grad = _inputs(batch=1, queries=3, seed=22)
+    meta = torch.ops.nkilib_msda.ms_deformable_attention(
+        value.to("meta"), _FLAT, _STARTS, loc.to("meta"), weights.to("meta"),
+        num_points=list(COUNTS))
+    assert meta.shape == (1, 3, 8) and meta.is_meta
+    args = (value.requires_grad_(), _FLAT, _STARTS, loc.requires_grad_(),
+            weights.requires_grad_())
+    torch.library.opcheck(torch.ops.nkilib_msda.ms_deformable_attention.default, args,
+                          {"num_points": list(COUNTS)})
+    torch.library.opcheck(torch.ops.nkilib_msda.ms_deformable_attention_bwd.default,
+                          (grad[:1, :3], value.detach(), _FLAT, _STARTS, loc.detach(),
+                           weights.detach(), "BLNC", "BQHLP2", False, "zeros", "reference",
+                           [True, True, True], None, list(COUNTS)))
+
+
+def test_operator_num_points_errors_name_the_argument():
+    value, loc, weights, _ = _inputs()
+    op = torch.ops.nkilib_msda.ms_deformable_attention
+    with pytest.raises(ValueError, match="num_points: expected one count per level"):
+        op(value, _FLAT, _STARTS, loc, weights, num_points=[3, 3])
+    with pytest.raises(ValueError, match=r"sampling_locations: expected \(B, N_q, N_h, sum"):
+        op(value, _FLAT, _STARTS, loc, weights, num_points=[2, 2, 3])

@@ -1,0 +1,230 @@
+"""Spatial shapes as a tensor (Deformable-DETR's call style) under torch.compile(fullgraph=True)
+and torch.export: no graph break, the values read when the graph runs, bad values rejected then.
+
+Every compiled or exported result is compared with the eager call on the same inputs (eager
+reads the tensor on the host and takes the int-list path), outputs and gradients at 1e-6 in
+float32, and on shapes tensors other than the one traced."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch._dynamo.testing
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export import Dim
+
+import nkilib_msda
+
+SHAPES = ((4, 6), (3, 2))
+STARTS = (0, 24)
+OTHER_SHAPES = ((5, 5), (1, 5))   # same level count and L = 30, other values
+LENGTH = 30
+TOL = {"rtol": 1e-6, "atol": 1e-6}
+
+
+def _attn(n_points=2):
+    torch.manual_seed(3)
+    return nkilib_msda.MSDeformAttn(16, 2, 2, n_points)
+
+
+def _module_inputs(batch, queries, seed, ref_dims=2):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, queries, 16, generator=g),
+            torch.rand(batch, queries, 2, ref_dims, generator=g) * 0.8 + 0.1,
+            torch.randn(batch, LENGTH, 16, generator=g))
+
+
+def _msda_inputs(batch, queries, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, LENGTH, 2, 4, generator=g),
+            torch.rand(batch, queries, 2, 2, 2, 2, generator=g) * 1.2 - 0.1,
+            torch.rand(batch, queries, 2, 2, 2, generator=g) + 0.1)
+
+
+def _out_and_grads(fn, tensors, params=()):
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    return out, torch.autograd.grad((out * weights).sum(), [*leaves, *params])
+
+
+def _assert_same(got, want):
+    (out, grads), (want_out, want_grads) = got, want
+    torch.testing.assert_close(out, want_out, **TOL)
+    assert len(grads) == len(want_grads)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, **TOL)
+
+
+def _fullgraph(fn):
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    return torch.compile(fn, fullgraph=True, backend=counter), counter
+
+
+@pytest.mark.parametrize("n_points, ref_dims", [(2, 2), (2, 4), ((3, 1), 2)],
+                         ids=["points", "boxes", "per_level_points"])
+def test_msdeformattn_fullgraph_compile_forward_and_backward(n_points, ref_dims):
+    """One graph, no break; outputs and gradients (inputs and parameters) equal eager's, also
+    for a shapes tensor with other values (read when the compiled graph runs)."""
+    module = _attn(n_points)
+    params = tuple(module.parameters())
+
+    def call(q, r, x, shapes, starts):
+        return module(q, r, x, shapes, starts)
+
+    compiled, counter = _fullgraph(call)
+    for shapes, seed in ((SHAPES, 1), (OTHER_SHAPES, 2)):
+        shapes_t = torch.tensor(shapes)
+        starts_t = torch.tensor((0, shapes[0][0] * shapes[0][1]))
+        q, r, x = _module_inputs(3, 7, seed, ref_dims)
+
+        def bind(fn):
+            return lambda q, x: fn(q, r, x, shapes_t, starts_t)
+
+        _assert_same(_out_and_grads(bind(compiled), (q, x), params),
+                     _out_and_grads(bind(call), (q, x), params))
+    assert counter.frame_count == 1
+    explained = torch._dynamo.explain(call)(*_module_inputs(3, 7, 3), torch.tensor(SHAPES),
+                                            torch.tensor(STARTS))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def _functional(value, loc, attn, shapes):
+    return nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn)
+
+
+def _hf_layer(value, loc, attn, shapes):  # called without value_spatial_shapes_list
+    return nkilib_msda.MultiScaleDeformableAttention()(value, shapes, None,
+                                                       torch.tensor(STARTS), loc, attn, 64)
+
+
+def _detr_function(value, loc, attn, shapes):
+    return nkilib_msda.MSDeformAttnFunction.apply(value, shapes, torch.tensor(STARTS), loc,
+                                                  attn, 64)
+
+
+@pytest.mark.parametrize("call", [_functional, _hf_layer, _detr_function],
+                         ids=["functional", "hf_layer", "msdeformattn_function"])
+def test_entry_points_fullgraph_compile_forward_and_backward(call):
+    compiled, counter = _fullgraph(call)
+    cases = [(SHAPES, 4)] + ([(OTHER_SHAPES, 5)] if call is _functional else [])
+    for shapes, seed in cases:
+        tensors = _msda_inputs(2, 5, seed=seed)
+        shapes_t = torch.tensor(shapes)
+        _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
+                     _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
+    assert counter.frame_count == 1
+
+
+class _DetrAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _attn()
+
+    def forward(self, query, reference_points, input_flatten, spatial_shapes):
+        return self.attn(query, reference_points, input_flatten, spatial_shapes, None)
+
+
+def test_export_keeps_the_shapes_tensor_an_input_and_reads_it_when_run():
+    model = _DetrAttention()
+    program = torch.export.export(model, (*_module_inputs(3, 7, 5), torch.tensor(SHAPES)))
+    user_inputs = [n for n in program.graph.nodes if n.op == "placeholder"][-4:]
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert "nkilib_msda.ms_deformable_attention_tensor_shapes.default" in targets
+    shapes_node = user_inputs[-1]
+    assert any(str(user.target).startswith("nkilib_msda.ms_deformable_attention_tensor_shapes")
+               for user in shapes_node.users)
+    for shapes, seed in ((SHAPES, 6), (OTHER_SHAPES, 7)):
+        inputs = (*_module_inputs(3, 7, seed), torch.tensor(shapes))
+        torch.testing.assert_close(program.module()(*inputs), model(*inputs), **TOL)
+
+
+def test_export_with_dynamic_batch_and_queries_saves_and_loads():
+    model = _DetrAttention()
+    batch, queries = Dim("batch", min=1, max=64), Dim("queries", min=1, max=1024)
+    program = torch.export.export(
+        model, (*_module_inputs(3, 7, 15), torch.tensor(SHAPES)),
+        dynamic_shapes=({0: batch, 1: queries}, {0: batch, 1: queries}, {0: batch}, None))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer).module()
+    for size, shapes in (((1, 1), SHAPES), ((5, 11), OTHER_SHAPES)):
+        inputs = (*_module_inputs(*size, seed=sum(size)), torch.tensor(shapes))
+        torch.testing.assert_close(loaded(*inputs), model(*inputs), **TOL)
+
+
+def test_bad_shape_values_fail_at_run_time_with_one_line():
+    """sum(H*W) != Len_in is only known when the graph runs: the operator's one-line error,
+    from the exported program and from the compiled function alike."""
+    model = _DetrAttention()
+    program = torch.export.export(model, (*_module_inputs(2, 3, 8), torch.tensor(SHAPES)))
+    compiled, _ = _fullgraph(model)
+    bad = torch.tensor(((4, 6), (3, 3)))  # sum(H*W) = 33, Len_in = 30
+    for fn in (program.module(), compiled):
+        with pytest.raises(ValueError) as info:
+            fn(*_module_inputs(2, 3, 9), bad)
+        message = str(info.value)
+        assert message.startswith("value: expected L = sum(H*W) = 33 (from spatial_shapes)")
+        assert "\n" not in message
+
+
+def test_tensor_starts_are_checked_at_run_time():
+    def call(value, loc, attn, shapes, starts):
+        return nkilib_msda.multi_scale_deformable_attention(value, shapes, starts, loc, attn)
+
+    compiled, _ = _fullgraph(call)
+    tensors = _msda_inputs(2, 3, seed=10)
+    torch.testing.assert_close(compiled(*tensors, torch.tensor(SHAPES), torch.tensor(STARTS)),
+                               call(*tensors, torch.tensor(SHAPES), torch.tensor(STARTS)), **TOL)
+    with pytest.raises(ValueError, match=r"^level_start_index: expected \(0, 24\)"):
+        compiled(*tensors, torch.tensor(SHAPES), torch.tensor((0, 25)))
+
+
+def test_shapes_tensor_of_the_wrong_rank_names_the_argument():
+    with pytest.raises(ValueError, match=r"^input_spatial_shapes: expected an int tensor "
+                                         r"\(n_levels, 2\)"):
+        torch.export.export(_DetrAttention(),
+                            (*_module_inputs(2, 3, 11), torch.tensor([4, 6, 3, 2])))
+
+
+def test_fake_mode_gives_the_output_shape():
+    value, loc, attn = _msda_inputs(2, 5, seed=12)
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in (value, loc, attn, torch.tensor(SHAPES))]
+        out = nkilib_msda.multi_scale_deformable_attention(fakes[0], fakes[3], None, fakes[1],
+                                                           fakes[2])
+    assert out.shape == (2, 5, 8) and out.dtype == torch.float32
+
+
+def test_tensor_shapes_operator_opcheck():
+    value, loc, attn = _msda_inputs(1, 3, seed=13)
+    for t in (value, loc, attn):
+        t.requires_grad_()
+    torch.library.opcheck(
+        torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes.default,
+        (value, torch.tensor(SHAPES), torch.tensor(STARTS), loc, attn))
+    packed = [t.detach().flatten(3, 4).requires_grad_() for t in (loc, attn)]
+    torch.library.opcheck(
+        torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes.default,
+        (value, torch.tensor(SHAPES), None, *packed), {"num_points": [2, 2]})
+
+
+def test_msda_v2_default_method_with_tensor_shapes_compiles_fullgraph():
+    from nkilib_msda.pytorch.msda_v2 import multi_scale_deformable_attention_v2
+
+    counts = [3, 1]
+
+    def call(value, loc, attn, shapes):
+        return multi_scale_deformable_attention_v2(value, shapes, loc, attn, counts)
+
+    compiled, counter = _fullgraph(call)
+    value, loc, attn = _msda_inputs(2, 5, seed=14)   # 2 levels x 2 points = sum(counts)
+    tensors = (value, loc.flatten(3, 4), attn.flatten(3, 4))
+    shapes_t = torch.tensor(SHAPES)
+    _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
+                 _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
+    assert counter.frame_count == 1
