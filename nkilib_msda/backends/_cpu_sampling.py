@@ -141,11 +141,18 @@ def _weighted_sum(value_rows: torch.Tensor, rows: torch.Tensor, coef: torch.Tens
 
 
 def _query_blocks(chunks: list[slice], problem: MSDAProblem) -> list[slice]:
-    """The query ranges ``chunks`` cut into blocks of at most ``_CORNERS_PER_BLOCK`` corners."""
+    """The query ranges ``chunks`` each cut into the fewest blocks of at most
+    ``_CORNERS_PER_BLOCK`` corners, of (nearly) equal sizes, so that pool threads share the work
+    evenly. Fixed by the problem alone: the grad_value sums follow the block order."""
     p = problem
-    step = max(1, _CORNERS_PER_BLOCK // (4 * p.batch * p.num_heads * p.num_levels * p.num_points))
-    return [slice(q0, min(q0 + step, qs.stop)) for qs in chunks
-            for q0 in range(qs.start, qs.stop, step)]
+    per_query = 4 * p.batch * p.num_heads * p.num_levels * p.num_points
+    blocks = []
+    for qs in chunks:
+        queries = qs.stop - qs.start
+        count = min(queries, -(-queries * per_query // _CORNERS_PER_BLOCK))
+        bounds = [qs.start + queries * i // count for i in range(count + 1)]
+        blocks += [slice(q0, q1) for q0, q1 in zip(bounds[:-1], bounds[1:])]
+    return blocks
 
 
 def forward(value_rows: torch.Tensor, problem: MSDAProblem, levels: LevelTables,
