@@ -17,6 +17,7 @@ calling thread, one after the other, with torch's own parallelism.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
@@ -39,6 +40,19 @@ _coordinators: ThreadPoolExecutor | None = None
 _available: bool | None = None
 # In a coordinator thread (inside call_serial): the calling thread's torch thread count.
 _local = threading.local()
+
+
+def _forget_pools() -> None:
+    """After fork: the child has none of the parent's pool threads (an executor that believes
+    it has them would never run a task), so it makes its own on first use."""
+    global _lock, _coordinators
+    _lock = threading.Lock()
+    _pools.clear()
+    _coordinators = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _loaded_function(name: str, libraries: tuple[str, ...]) -> Callable[..., int] | None:

@@ -78,3 +78,27 @@ def test_exceptions_propagate(threads):
         _cpu_workers.map_blocks(fail, list(range(6)))
     with pytest.raises(ValueError, match="block 3"):
         _cpu_workers.call_serial(lambda: fail(3))
+
+
+def _blocks_in_child(queue) -> None:
+    torch.set_num_threads(2)
+    queue.put(_cpu_workers.map_blocks(lambda b: b + 1, [1, 2, 3]))
+
+
+def test_a_forked_child_makes_its_own_pool(threads):
+    if not _cpu_workers.pool_available():
+        pytest.skip("no serial pool on this platform")
+    import multiprocessing
+
+    threads(2)
+    _cpu_workers.map_blocks(lambda b: b, [0, 1])  # the parent's pool threads exist
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_blocks_in_child, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == [2, 3, 4]
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
