@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_speed.py                      # ddetr_dec and ddetr_enc, fp32 + fp64, 1 and all threads
     python benchmarks/cpu_speed.py --shapes ddetr_dec --repeat 7 --threads 1
+    python benchmarks/cpu_speed.py --repeat 0 --check-queries 100   # the error table only
 
 "ours" is ``nkilib_msda.multi_scale_deformable_attention`` with the automatic backend choice
 (the reference backend on CPU); "grid_sample" is the formulation Deformable-DETR's PyTorch path
@@ -127,6 +128,41 @@ def machine() -> str:
             f"torch {torch.__version__}, {platform.python_implementation()} {platform.python_version()}")
 
 
+def print_timings(shapes: list[str], dtypes: list[str], threads: list[int], repeat: int) -> None:
+    print("| shape | dtype | threads | pass | ours (ms) | grid_sample (ms) | grid_sample / ours "
+          "| ours CPU (ms) | grid_sample CPU (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape_name in shapes:
+        shape = SHAPES[canonical_shape(shape_name)]
+        for dtype_name in dtypes:
+            inputs = make_inputs(shape, DTYPES[dtype_name])
+            for n in threads:
+                torch.set_num_threads(n)
+                calls: dict[Hashable, Callable[[], None]] = {}
+                for impl, fn in (("ours", ours(shape.levels)), ("grid_sample", grid_sample(shape.levels))):
+                    calls[(impl, "fwd")] = forward_call(fn, inputs)
+                    calls[(impl, "fwd+bwd")] = forward_backward_call(fn, inputs)
+                times = time_interleaved(calls, repeat)
+                for mode in ("fwd", "fwd+bwd"):
+                    (w_ours, c_ours), (w_gs, c_gs) = times[("ours", mode)], times[("grid_sample", mode)]
+                    print(f"| {shape_name} | {dtype_name} | {n} | {mode} | {w_ours * 1e3:.0f} "
+                          f"| {w_gs * 1e3:.0f} | {w_gs / w_ours:.2f} | {c_ours * 1e3:.0f} "
+                          f"| {c_gs * 1e3:.0f} |", flush=True)
+
+
+def print_errors(shapes: list[str], dtypes: list[str], queries: int) -> None:
+    print(f"\nError vs the float64 NumPy reference (first {queries} queries; "
+          "max |x - ref| / max |ref|):\n")
+    print("| shape | dtype | ours output | grid_sample output | ours grad | grid_sample grad |")
+    print("|---|---|---|---|---|---|")
+    for shape_name in shapes:
+        for dtype_name in dtypes:
+            err = errors(SHAPES[canonical_shape(shape_name)], DTYPES[dtype_name], queries)
+            print(f"| {shape_name} | {dtype_name} | {err['ours'][0]:.1e} | "
+                  f"{err['grid_sample'][0]:.1e} | {err['ours'][1]:.1e} | "
+                  f"{err['grid_sample'][1]:.1e} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="ddetr_dec,ddetr_enc",
@@ -134,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--threads", default="1,all",
                         help="comma-separated thread counts; 'all' = torch's default here")
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds per row (median)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="timed rounds per row (median); 0: no timing, the error table only")
     parser.add_argument("--check-queries", type=int, default=300,
                         help="queries compared with the NumPy reference (0: skip)")
     args = parser.parse_args(argv)
@@ -143,37 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/cpu_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"`{command.strip()}`  ")
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()}\n")
-    print("| shape | dtype | threads | pass | ours (ms) | grid_sample (ms) | grid_sample / ours "
-          "| ours CPU (ms) | grid_sample CPU (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for shape_name in args.shapes.split(","):
-        shape = SHAPES[canonical_shape(shape_name)]
-        for dtype_name in args.dtypes.split(","):
-            inputs = make_inputs(shape, DTYPES[dtype_name])
-            for n in threads:
-                torch.set_num_threads(n)
-                calls: dict[Hashable, Callable[[], None]] = {}
-                for impl, fn in (("ours", ours(shape.levels)), ("grid_sample", grid_sample(shape.levels))):
-                    calls[(impl, "fwd")] = forward_call(fn, inputs)
-                    calls[(impl, "fwd+bwd")] = forward_backward_call(fn, inputs)
-                times = time_interleaved(calls, args.repeat)
-                for mode in ("fwd", "fwd+bwd"):
-                    (w_ours, c_ours), (w_gs, c_gs) = times[("ours", mode)], times[("grid_sample", mode)]
-                    print(f"| {shape_name} | {dtype_name} | {n} | {mode} | {w_ours * 1e3:.0f} "
-                          f"| {w_gs * 1e3:.0f} | {w_gs / w_ours:.2f} | {c_ours * 1e3:.0f} "
-                          f"| {c_gs * 1e3:.0f} |", flush=True)
+    if args.repeat > 0:
+        print_timings(args.shapes.split(","), args.dtypes.split(","), threads, args.repeat)
     torch.set_num_threads(all_threads)
     if args.check_queries > 0:
-        print(f"\nError vs the float64 NumPy reference (first {args.check_queries} queries; "
-              "max |x - ref| / max |ref|):\n")
-        print("| shape | dtype | ours output | grid_sample output | ours grad | grid_sample grad |")
-        print("|---|---|---|---|---|---|")
-        for shape_name in args.shapes.split(","):
-            for dtype_name in args.dtypes.split(","):
-                err = errors(SHAPES[shape_name], DTYPES[dtype_name], args.check_queries)
-                print(f"| {shape_name} | {dtype_name} | {err['ours'][0]:.1e} | "
-                      f"{err['grid_sample'][0]:.1e} | {err['ours'][1]:.1e} | "
-                      f"{err['grid_sample'][1]:.1e} |", flush=True)
+        print_errors(args.shapes.split(","), args.dtypes.split(","), args.check_queries)
     return 0
 
 

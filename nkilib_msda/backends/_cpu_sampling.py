@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from nkilib_msda.backends._bilinear import LevelTables, axis
+from nkilib_msda.backends._cpu_workers import map_blocks
 from nkilib_msda.backends._grad_scale import row_scales
 from nkilib_msda.validation.msda import MSDAProblem
 
@@ -42,6 +43,9 @@ ELEMENTS_PER_CORNER = 2
 # 8 MB blocks cost no more than 128 kB ones on one thread (cache-sized gathers beat one huge
 # gather by 2x) and make 64x fewer parallel regions, which matters on a loaded machine.
 _GATHER_BYTES_PER_BLOCK = 1 << 23
+
+# Corners per block of queries: the unit of work of one pool thread (see _cpu_workers).
+_CORNERS_PER_BLOCK = 1 << 16
 
 
 def value_matrix(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -136,6 +140,21 @@ def _weighted_sum(value_rows: torch.Tensor, rows: torch.Tensor, coef: torch.Tens
     return out
 
 
+def _query_blocks(chunks: list[slice], problem: MSDAProblem) -> list[slice]:
+    """The query ranges ``chunks`` each cut into the fewest blocks of at most
+    ``_CORNERS_PER_BLOCK`` corners, of (nearly) equal sizes, so that pool threads share the work
+    evenly. Fixed by the problem alone: the grad_value sums follow the block order."""
+    p = problem
+    per_query = 4 * p.batch * p.num_heads * p.num_levels * p.num_points
+    blocks = []
+    for qs in chunks:
+        queries = qs.stop - qs.start
+        count = min(queries, -(-queries * per_query // _CORNERS_PER_BLOCK))
+        bounds = [qs.start + queries * i // count for i in range(count + 1)]
+        blocks += [slice(q0, q1) for q0, q1 in zip(bounds[:-1], bounds[1:])]
+    return blocks
+
+
 def forward(value_rows: torch.Tensor, problem: MSDAProblem, levels: LevelTables,
             u: torch.Tensor, v: torch.Tensor, attn: torch.Tensor, out: torch.Tensor,
             chunks: list[slice]) -> bool:
@@ -144,16 +163,16 @@ def forward(value_rows: torch.Tensor, problem: MSDAProblem, levels: LevelTables,
     p = problem
     index_dtype = _index_dtype(value_rows.shape[0])
     per_bag = p.num_levels * p.num_points
-    sums = []
-    for qs in chunks:
+
+    def block(qs: slice) -> bool:
         c = _corners(p, levels, u[:, qs], v[:, qs], index_dtype)
         # 0, not a * 0, outside the map: an infinite attention weight adds nothing there
         coef = torch.where(c.inside, c.weights() * attn[:, qs], torch.zeros((), dtype=attn.dtype))
-        chunk = _weighted_sum(value_rows, c.rows.reshape(4, -1, per_bag),
-                              coef.reshape(4, -1, per_bag))
-        sums.append(chunk.sum())
-        out[:, qs] = chunk.view(out[:, qs].shape)
-    return bool(torch.isfinite(torch.stack(sums)).all())
+        sums = _weighted_sum(value_rows, c.rows.reshape(4, -1, per_bag), coef.reshape(4, -1, per_bag))
+        out[:, qs] = sums.view(out[:, qs].shape)
+        return bool(torch.isfinite(sums.sum()))
+
+    return all(map_blocks(block, _query_blocks(chunks, p)))
 
 
 def _corner_dots(value_rows: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -166,22 +185,61 @@ def _corner_dots(value_rows: torch.Tensor, rows: torch.Tensor, grad: torch.Tenso
     return dots.view(n, corners, k).transpose(0, 1)
 
 
-def _grad_value_chunk(grad_rows: torch.Tensor, c: _Corners, coef: torch.Tensor,
-                      num_value_rows: int, problem: MSDAProblem) -> torch.Tensor:
-    """sum over in-map corners of coef * grad_output row, per value row -> (rows, C_h)."""
-    index_dtype = c.rows.dtype
-    keys = torch.where(c.inside, c.rows, torch.tensor(num_value_rows, dtype=index_dtype)).reshape(-1)
-    sorted_keys, order = torch.sort(keys, stable=True)
+@dataclass(frozen=True)
+class _ChunkTerms:
+    """grad_value terms of the corners of one query chunk, block after block (fixed order):
+    ``keys`` the value row of each corner (``num_value_rows`` for corners outside the map),
+    ``coef`` bilinear * attention weight, ``bags`` the corner's row of the chunk's grad_output
+    rows (B*q*N_h, C_h)."""
+
+    keys: torch.Tensor
+    coef: torch.Tensor
+    bags: torch.Tensor
+
+    def put(self, start: int, c: _Corners, coef: torch.Tensor, bags: torch.Tensor,
+            num_value_rows: int) -> None:
+        n = c.rows.numel()
+        torch.where(c.inside, c.rows, torch.tensor(num_value_rows, dtype=c.rows.dtype),
+                    out=self.keys[start:start + n].view(c.rows.shape))
+        self.coef[start:start + n].view(coef.shape).copy_(coef)
+        self.bags[start:start + n].view(c.rows.shape).copy_(bags.expand(c.rows.shape))
+
+
+def _grad_value_chunk(grad_value: torch.Tensor, grad_rows: torch.Tensor, terms: _ChunkTerms,
+                      pieces: int, first: bool) -> None:
+    """Per value row, the sum over in-map corners of coef * grad_output row, written into
+    grad_value (rows, C_h) for the ``first`` chunk (every row), else added: corners sorted
+    (stably) by value row, then one bag per value row; the value rows are split into ``pieces``
+    ranges summed independently (each row's sum is the same whatever the split)."""
+    num_value_rows = grad_value.shape[0]
+    sorted_keys, order = torch.sort(terms.keys, stable=True)
     counts = torch.bincount(sorted_keys, minlength=num_value_rows + 1)[:num_value_rows]
-    offsets = torch.zeros(num_value_rows + 1, dtype=torch.int64, device=keys.device)
+    offsets = torch.zeros(num_value_rows + 1, dtype=torch.int64, device=grad_value.device)
     torch.cumsum(counts, 0, out=offsets[1:])
-    used = order[:int(offsets[-1])]  # corners outside the map sort last and are dropped
-    samples_per_corner = keys.numel() // 4
-    per_bag = problem.num_levels * problem.num_points
-    bags = torch.remainder(used, samples_per_corner).div_(per_bag, rounding_mode="floor")
-    return F.embedding_bag(bags, grad_rows, offsets,
-                           per_sample_weights=coef.reshape(-1).index_select(0, used),
-                           mode="sum", include_last_offset=True)
+    used = int(offsets[-1])  # corners outside the map sort last and are dropped
+    targets = torch.linspace(0, used, pieces + 1, dtype=torch.float64).round().to(torch.int64)
+    bounds = torch.searchsorted(offsets, targets).clamp_(max=num_value_rows).tolist()
+    bounds[0], bounds[-1] = 0, num_value_rows
+    ranges = [(r0, r1) for r0, r1 in zip(bounds[:-1], bounds[1:]) if r1 > r0]
+
+    def piece(rows: tuple[int, int]) -> None:
+        r0, r1 = rows
+        e0, e1 = int(offsets[r0]), int(offsets[r1])
+        if e1 == e0:
+            if first:
+                grad_value[r0:r1] = 0
+            return
+        corners = order[e0:e1]
+        sums = F.embedding_bag(
+            terms.bags.index_select(0, corners).long(), grad_rows, offsets[r0:r1 + 1] - e0,
+            per_sample_weights=terms.coef.index_select(0, corners), mode="sum",
+            include_last_offset=True)
+        if first:
+            grad_value[r0:r1] = sums
+        else:
+            grad_value[r0:r1] += sums
+
+    map_blocks(piece, ranges)
 
 
 def backward(grad: torch.Tensor, value_rows: torch.Tensor, problem: MSDAProblem,
@@ -194,29 +252,50 @@ def backward(grad: torch.Tensor, value_rows: torch.Tensor, problem: MSDAProblem,
     want_value, want_loc, want_attn = compute
     dtype, device = value_rows.dtype, value_rows.device
     index_dtype = _index_dtype(value_rows.shape[0])
-    grad_value = torch.zeros_like(value_rows)
+    # written whole by the first chunk's grad_value pieces (in the pool threads)
+    grad_value = torch.empty_like(value_rows) if want_value else torch.zeros_like(value_rows)
     grad_u = torch.zeros(p.attention_weights_shape, dtype=dtype, device=device)
     grad_v = torch.zeros_like(grad_u)
     grad_attn = torch.zeros_like(grad_u)
     zero = torch.zeros((), dtype=dtype, device=device)
     per_bag = p.num_levels * p.num_points
-    for qs in chunks:
-        c = _corners(p, levels, u[:, qs], v[:, qs], index_dtype)
-        g = grad[:, qs].reshape(-1, p.head_dim)  # (B*q*N_h, C_h), bag order
-        a = attn[:, qs]
-        weights = c.weights()
+    corners_per_query = 4 * p.batch * p.num_heads * per_bag
+    heads = torch.arange(p.num_heads, dtype=index_dtype, device=device)
+    for i, qs in enumerate(chunks):
+        q_chunk = qs.stop - qs.start
+        n = q_chunk * corners_per_query
+        terms = _ChunkTerms(torch.empty(n, dtype=index_dtype, device=device),
+                            torch.empty(n, dtype=dtype, device=device),
+                            torch.empty(n, dtype=index_dtype, device=device))
+
+        def block(qb: slice) -> None:
+            c = _corners(p, levels, u[:, qb], v[:, qb], index_dtype)
+            a = attn[:, qb]
+            weights = c.weights()
+            if want_value:
+                queries = torch.arange(qb.start - qs.start, qb.stop - qs.start, dtype=index_dtype,
+                                       device=device)
+                batches = torch.arange(p.batch, dtype=index_dtype, device=device)[:, None]
+                bags = ((batches * q_chunk + queries)[:, :, None] * p.num_heads + heads)
+                terms.put((qb.start - qs.start) * corners_per_query, c, weights * a,
+                          bags[..., None, None], value_rows.shape[0])
+            if want_loc or want_attn:
+                g = grad[:, qb].reshape(-1, p.head_dim)  # (B*q*N_h, C_h), bag order
+                scale, unscale = row_scales(g)  # dots of 2^-k g, gradients times 2^k last
+                unscale = unscale.view(*a.shape[:3], 1, 1)
+                dots = _corner_dots(value_rows, c.rows.reshape(4, -1, per_bag), g * scale)
+                dots = torch.where(c.inside, dots.reshape(c.rows.shape), zero)  # (y, x, …)
+                if want_attn:
+                    grad_attn[:, qb] = (weights * dots).sum((0, 1)) * unscale
+                if want_loc:
+                    along_x = dots[:, 1] - dots[:, 0]  # (y, …)
+                    along_y = dots[1] - dots[0]  # (x, …)
+                    grad_u[:, qb] = a * c.deriv_x * (c.fy * along_x).sum(0) * unscale
+                    grad_v[:, qb] = a * c.deriv_y * (c.fx * along_y).sum(0) * unscale
+
+        blocks = _query_blocks([qs], p)
+        map_blocks(block, blocks)
         if want_value:
-            grad_value += _grad_value_chunk(g, c, weights * a, value_rows.shape[0], p)
-        if want_loc or want_attn:
-            scale, unscale = row_scales(g)  # dots of 2^-k g, gradients times 2^k last
-            unscale = unscale.view(*a.shape[:3], 1, 1)
-            dots = _corner_dots(value_rows, c.rows.reshape(4, -1, per_bag), g * scale)
-            dots = torch.where(c.inside, dots.reshape(c.rows.shape), zero)  # (y, x, …)
-            if want_attn:
-                grad_attn[:, qs] = (weights * dots).sum((0, 1)) * unscale
-            if want_loc:
-                along_x = dots[:, 1] - dots[:, 0]  # (y, …)
-                along_y = dots[1] - dots[0]  # (x, …)
-                grad_u[:, qs] = a * c.deriv_x * (c.fy * along_x).sum(0) * unscale
-                grad_v[:, qs] = a * c.deriv_y * (c.fx * along_y).sum(0) * unscale
+            _grad_value_chunk(grad_value, grad[:, qs].reshape(-1, p.head_dim), terms, len(blocks),
+                              first=i == 0)
     return grad_value, grad_u, grad_v, grad_attn

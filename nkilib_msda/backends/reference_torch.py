@@ -33,6 +33,7 @@ from typing import Iterator
 import torch
 
 from nkilib_msda.backends import _cpu_sampling
+from nkilib_msda.backends._cpu_workers import call_serial
 from nkilib_msda.backends._bilinear import LevelTables, axis, level_tables
 from nkilib_msda.backends._grad_scale import row_scales
 from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
@@ -184,6 +185,42 @@ def _gather(value_rows: torch.Tensor, terms: _Terms) -> torch.Tensor:
                                                                       device=sampled.device))
 
 
+# ---------------------------------------------- CPU path (run by _cpu_workers.call_serial)
+
+
+def _cpu_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: torch.Tensor,
+                 attention_weights: torch.Tensor) -> torch.Tensor | None:
+    """:func:`msda_forward` by :mod:`._cpu_sampling`; None if the output is not finite (a
+    clamped out-of-map corner may have read inf/NaN: the general path recomputes it)."""
+    p = problem
+    dtype = _compute_dtype(value, sampling_locations, attention_weights)
+    u, v = _locations_xy(sampling_locations, p, dtype)
+    out = torch.empty(p.batch, p.num_queries, p.num_heads, p.head_dim, dtype=dtype,
+                      device=value.device)
+    if not _cpu_sampling.forward(_cpu_sampling.value_matrix(value, dtype), p,
+                                 level_tables(p, dtype, u.device), u, v,
+                                 attention_weights.to(dtype), out, _cpu_chunks(p)):
+        return None
+    return out.reshape(p.output_shape).to(value.dtype)
+
+
+def _cpu_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAProblem,
+                  sampling_locations: torch.Tensor, attention_weights: torch.Tensor,
+                  compute: tuple[bool, bool, bool]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`msda_backward` by :mod:`._cpu_sampling`."""
+    p = problem
+    dtype = _compute_dtype(value, sampling_locations, attention_weights, grad_output)
+    u, v = _locations_xy(sampling_locations, p, dtype)
+    grad = grad_output.to(dtype).reshape(p.batch, p.num_queries, p.num_heads, p.head_dim)
+    grad_rows, grad_u, grad_v, grad_attn = _cpu_sampling.backward(
+        grad, _cpu_sampling.value_matrix(value, dtype), p, level_tables(p, dtype, u.device), u, v,
+        attention_weights.to(dtype), compute, _cpu_chunks(p))
+    grad_loc = (_to_location_layout(grad_u, grad_v, p) if compute[1]
+                else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
+    return grad_rows.view(p.value_shape), grad_loc, grad_attn
+
+
 # ----------------------------------------------------------------- public entry points
 
 
@@ -191,15 +228,16 @@ def msda_forward(value: torch.Tensor, problem: MSDAProblem, sampling_locations: 
                  attention_weights: torch.Tensor) -> torch.Tensor:
     """Output (B, N_q, N_h*C_h) in value's dtype."""
     p = problem
+    if _use_cpu_path(value):
+        result = call_serial(lambda: _cpu_forward(value, p, sampling_locations, attention_weights))
+        if result is not None:
+            return result
     dtype = _compute_dtype(value, sampling_locations, attention_weights)
     u, v = _locations_xy(sampling_locations, p, dtype)
     attn = attention_weights.to(dtype)
     out = torch.empty(p.batch, p.num_queries, p.num_heads, p.head_dim, dtype=dtype,
                       device=value.device)
     levels = level_tables(p, dtype, u.device)
-    if _use_cpu_path(value) and _cpu_sampling.forward(
-            _cpu_sampling.value_matrix(value, dtype), p, levels, u, v, attn, out, _cpu_chunks(p)):
-        return out.reshape(p.output_shape).to(value.dtype)
     value_rows = _value_rows(value, p, dtype)
     for qs in _query_chunks(p):
         terms = _terms(p, levels, u[:, qs], v[:, qs])
@@ -225,19 +263,15 @@ def msda_backward(grad_output: torch.Tensor, value: torch.Tensor, problem: MSDAP
     (otherwise it follows the global setting).
     """
     p = problem
+    if _use_cpu_path(value):
+        return call_serial(lambda: _cpu_backward(grad_output, value, p, sampling_locations,
+                                                 attention_weights, compute))
     want_value, want_loc, want_attn = compute
     dtype = _compute_dtype(value, sampling_locations, attention_weights, grad_output)
     u, v = _locations_xy(sampling_locations, p, dtype)
     attn = attention_weights.to(dtype)
     grad = grad_output.to(dtype).reshape(p.batch, p.num_queries, p.num_heads, p.head_dim)
     levels = level_tables(p, dtype, u.device)
-    if _use_cpu_path(value):
-        value_matrix = _cpu_sampling.value_matrix(value, dtype)
-        grad_rows, grad_u, grad_v, grad_attn = _cpu_sampling.backward(
-            grad, value_matrix, p, levels, u, v, attn, compute, _cpu_chunks(p))
-        grad_loc = (_to_location_layout(grad_u, grad_v, p) if want_loc
-                    else torch.zeros(p.sampling_locations_shape, dtype=dtype, device=value.device))
-        return grad_rows.view(p.value_shape), grad_loc, grad_attn
     value_rows = _value_rows(value, p, dtype)
     grad_value = torch.zeros_like(value_rows)
     grad_u = torch.zeros(p.attention_weights_shape, dtype=dtype, device=value.device)

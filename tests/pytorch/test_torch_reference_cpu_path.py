@@ -173,3 +173,82 @@ def test_non_finite_value_read_only_by_out_of_map_corners_falls_back(monkeypatch
     grads = reference_torch.msda_backward(inputs.grad_output, *args)
     for g in grads:
         assert torch.equal(g, torch.zeros_like(g))
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 2 queries and chunks of 5 (the _case problem: 288 corners per query), so the
+    pool threads get many blocks and grad_value several chunks and row ranges."""
+    monkeypatch.setattr(_cpu_sampling, "_CORNERS_PER_BLOCK", 2 * 288)
+    monkeypatch.setattr(reference_torch, "_GATHER_ELEMENTS_PER_CHUNK", 5 * 288 * 2)
+
+
+def _poisoned(monkeypatch):
+    """torch.empty / empty_like return NaN (floats) or -7 (integers): whatever the CPU path
+    leaves unwritten shows up."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+
+
+def _run(inputs, problem, threads):
+    args = (inputs.value, problem, inputs.sampling_locations, inputs.attention_weights)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return reference_torch.msda_forward(*args), reference_torch.msda_backward(inputs.grad_output, *args)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pool_threads_give_bitwise_the_same_results_as_one_thread(monkeypatch, small_blocks, dtype):
+    inputs, problem = _case("BNLC", "BQHLP2", seed=31, dtype=dtype, queries=23)
+    assert len(reference_torch._cpu_chunks(problem)) == 5
+    assert len(_cpu_sampling._query_blocks(reference_torch._cpu_chunks(problem), problem)) == 14
+    _poisoned(monkeypatch)
+    runs = [_run(inputs, problem, n) for n in (1, 2, 3, 2)]
+    for out, grads in runs[1:]:
+        assert torch.equal(out, runs[0][0])
+        for got, want in zip(grads, runs[0][1]):
+            assert torch.equal(got, want)
+    out, grads = runs[0]
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    if dtype == torch.float64:
+        monkeypatch.setattr(reference_torch, "_CPU_PATH", False)
+        want_out, want_grads = _run(inputs, problem, 1)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12)
+        for got, want in zip(grads, want_grads):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_pool_threads_match_the_general_path_in_every_mode(monkeypatch, small_blocks, padding_mode):
+    inputs, problem = _case("BLNC", "B2QHLP", seed=32, queries=13)
+    problem = _problem(problem, True, padding_mode)
+    _poisoned(monkeypatch)
+    out, grads = _run(inputs, problem, 2)
+    monkeypatch.setattr(reference_torch, "_CPU_PATH", False)
+    want_out, want_grads = _run(inputs, problem, 1)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_pool_threads_write_zeros_where_nothing_is_read(monkeypatch, small_blocks):
+    """Every sample outside the map (zeros padding) or NaN: the output and all gradients are
+    exactly 0, every grad_value row written by the (empty) row ranges."""
+    inputs, problem = _case(seed=33, queries=11)
+    loc = inputs.sampling_locations
+    loc[..., 0] = 7.0
+    loc[:, ::2, ..., 1] = float("nan")
+    _poisoned(monkeypatch)
+    out, grads = _run(inputs, problem, 2)
+    assert torch.equal(out, torch.zeros_like(out))
+    for g in grads:
+        assert torch.equal(g, torch.zeros_like(g))
