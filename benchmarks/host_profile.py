@@ -106,10 +106,11 @@ def _cpu_demo() -> None:
 
     import host_overhead
     import nkilib_msda
+    from nkilib_msda.workloads import DDETR_LEVELS
 
     host_overhead._install_stub_backend()
     torch.manual_seed(0)
-    levels = ((100, 167), (50, 84), (25, 42), (13, 21))
+    levels = DDETR_LEVELS
     batch, queries, heads, channels, points = 2, 300, 8, 32, 4
     pixels = sum(h * w for h, w in levels)
     leaves = [torch.randn(batch, pixels, heads, channels),
