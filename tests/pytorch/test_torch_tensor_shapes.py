@@ -46,7 +46,7 @@ def _msda_inputs(batch, queries, seed):
 def _out_and_grads(fn, tensors, params=()):
     leaves = [t.clone().requires_grad_() for t in tensors]
     out = fn(*leaves)
-    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    weights = torch.linspace(-1, 1, out.numel(), device=out.device).reshape(out.shape)
     return out, torch.autograd.grad((out * weights).sum(), [*leaves, *params])
 
 
@@ -227,4 +227,31 @@ def test_msda_v2_default_method_with_tensor_shapes_compiles_fullgraph():
     shapes_t = torch.tensor(SHAPES)
     _assert_same(_out_and_grads(lambda *t: compiled(*t, shapes_t), tensors),
                  _out_and_grads(lambda *t: call(*t, shapes_t), tensors))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend)")
+def test_msdeformattn_fullgraph_compile_on_cuda_with_tensor_shapes():
+    """Deformable-DETR's call style on a GPU: shapes and starts as CUDA tensors, compiled by
+    inductor with fullgraph=True; the triton backend runs, values read when the graph runs,
+    for two shapes tensors; equal to eager (which reads the tensor on the host)."""
+    module = _attn().cuda()
+    params = tuple(module.parameters())
+
+    def call(q, r, x, shapes, starts):
+        return module(q, r, x, shapes, starts)
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(call, fullgraph=True, backend=counter)
+    for shapes, seed in ((SHAPES, 6), (OTHER_SHAPES, 7)):
+        shapes_t = torch.tensor(shapes, device="cuda")
+        starts_t = torch.tensor((0, shapes[0][0] * shapes[0][1]), device="cuda")
+        q, r, x = (t.cuda() for t in _module_inputs(2, 9, seed))
+
+        def bind(fn):
+            return lambda q, x: fn(q, r, x, shapes_t, starts_t)
+
+        _assert_same(_out_and_grads(bind(compiled), (q, x), params),
+                     _out_and_grads(bind(call), (q, x), params))
     assert counter.frame_count == 1
