@@ -47,6 +47,50 @@ def gpu_us(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
 
 
+def _stub_forward(value, problem, sampling_locations, attention_weights, plan=None):
+    return torch.empty(problem.output_shape, dtype=value.dtype, device=value.device)
+
+
+def _stub_backward(grad_output, value, problem, sampling_locations, attention_weights,
+                   compute=(True, True, True), deterministic=None, plan=None):
+    return (torch.zeros_like(value), torch.empty_like(sampling_locations),
+            torch.empty_like(attention_weights))
+
+
+def _with_stub_backend(fn):
+    """``fn()`` with the Triton backend's two entry points replaced by stubs that only make
+    the tensors the real ones allocate (fp32): what the torch layer and autograd cost alone."""
+    real = tb.msda_forward, tb.msda_backward
+    tb.msda_forward, tb.msda_backward = _stub_forward, _stub_backward
+    try:
+        return fn()
+    finally:
+        tb.msda_forward, tb.msda_backward = real
+
+
+def _torch_layer_pieces(leaves, problem) -> dict:
+    """Single steps of the torch layer's forward + backward, timed alone on this host."""
+    from nkilib_msda._env import read_env
+    from nkilib_msda.pytorch import _modes, dispatch
+    from nkilib_msda.pytorch.call import bind_msda_call
+
+    value, loc, attn = leaves
+    levels = problem.spatial_shapes
+    return {
+        "can_skip_dispatcher(3 tensors)": lambda: _modes.can_skip_dispatcher(value, loc, attn),
+        "autocast_disabled('cuda')": lambda: _modes.autocast_disabled("cuda"),
+        "select_backend('triton', needs_backward)": lambda: dispatch.select_backend(
+            "triton", problem, value, loc, needs_backward=True),
+        "bind_msda_call (validation + selection)": lambda: bind_msda_call(
+            value, levels, None, loc, attn, "BLNC", "BQHLP2", False, "zeros", "triton", None,
+            needs_backward=True),
+        "read_env(NKILIB_MSDA_DETERMINISTIC)": lambda: read_env("NKILIB_MSDA_DETERMINISTIC"),
+        "torch.are_deterministic_algorithms_enabled()":
+            torch.are_deterministic_algorithms_enabled,
+        "value.contiguous()": value.contiguous,
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="ddetr-decoder", type=shape_name, choices=list(SHAPES))
@@ -117,6 +161,10 @@ def main(argv=None) -> int:
             "api forward (no grad)": api_fwd,
             "api forward+backward (autograd.grad)": api_fwd_bwd,
         }
+        stages["api forward+backward, stub backend (allocations only)"] = \
+            lambda: _with_stub_backend(api_fwd_bwd)
+        for name, fn in _torch_layer_pieces(leaves, problem).items():
+            stages[f"piece: {name}"] = fn
         cuda_fwd_bwd = None
         if cuda_function is not None and dtype_name == "float32":  # the op has no bf16
             shapes_t = torch.tensor(shape.levels, dtype=torch.long, device="cuda")
@@ -131,7 +179,7 @@ def main(argv=None) -> int:
         for fast in (True, False):
             tb._FAST_LAUNCH[0] = fast
             for name, fn in stages.items():
-                if "baseline" in name and not fast:
+                if not fast and ("baseline" in name or "stub" in name or name.startswith("piece")):
                     continue
                 label = f"{name} [direct launch {'on' if fast else 'off'}]"
                 us = per_call_us(fn, args.calls)
@@ -148,6 +196,8 @@ def main(argv=None) -> int:
         print("\n".join(table[-3:]), flush=True)
         if args.profile:
             profiled = {f"ours {dtype_name}, public function fwd+bwd": api_fwd_bwd,
+                        f"ours {dtype_name}, public function fwd+bwd, stub backend":
+                            lambda: _with_stub_backend(api_fwd_bwd),
                         f"trivial Function fwd+bwd, {dtype_name} CUDA tensors (floor)":
                             stages["autograd floor: trivial Function fwd+bwd, CUDA tensors (baseline)"]}
             if cuda_fwd_bwd is not None:
