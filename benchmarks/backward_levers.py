@@ -58,7 +58,7 @@ def _only_level(loc, problem, level):
 def run(name: str, dtype_name: str, smoke: bool, bench) -> None:
     import torch
 
-    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.backends.triton import backend as tb
     from bench_gpu import SHAPES, BenchShape, make_inputs, shape_name
     from nkilib_msda.validation.msda import validate_msda_args
 

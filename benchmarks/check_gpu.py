@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from nkilib_msda.backends import triton_backend as tb
+from nkilib_msda.backends.triton import backend as tb
 from nkilib_msda.reference.grid_sample import msda_grid_sample_with_grads, relative_l2
 from nkilib_msda.validation.msda import validate_msda_args
 from nkilib_msda.workloads import DDETR_LEVELS

@@ -57,7 +57,7 @@ def _install_stub_backend() -> None:
     """Make the 'reference' backend a stub that allocates outputs and computes nothing."""
     import torch
 
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
 
     def stub_forward(value, problem, sampling_locations, attention_weights):
         return value.new_empty(problem.output_shape)
@@ -97,7 +97,7 @@ def _cases(dtype_name: str = "float32"):
     import torch
 
     import nkilib_msda
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
     from nkilib_msda.pytorch import ops  # noqa: F401 - registers torch.ops.nkilib_msda
     from nkilib_msda.validation.msda import validate_msda_args
 

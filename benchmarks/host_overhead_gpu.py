@@ -21,7 +21,7 @@ import torch
 
 import nkilib_msda
 from bench_gpu import SHAPES, _load_cuda_op, add_cuda_op_dir, make_inputs, shape_name
-from nkilib_msda.backends import triton_backend as tb
+from nkilib_msda.backends.triton import backend as tb
 from host_profile import host_profile
 from nkilib_msda.pytorch.problem_cache import validated_problem
 

@@ -41,10 +41,10 @@ def group_of(filename: str, function: str) -> str:
     path = filename.replace("\\", "/")
     if "run_backward" in function:
         return "autograd engine (C++)"
+    if "nkilib_msda/backends" in path:  # before Triton's own files: backends/triton/ is ours
+        return "nkilib_msda backends"
     if "/triton/" in path or "triton" in function.lower() and path == "~":
         return "triton"
-    if "nkilib_msda/backends" in path:
-        return "nkilib_msda backends"
     if "nkilib_msda/" in path:
         return "nkilib_msda torch layer"
     if "/torch/" in path:

@@ -1,10 +1,10 @@
-"""A/B timing of the Triton kernels against a baseline copy of ``triton_kernels``, in one run.
+"""A/B timing of the Triton kernels against a baseline copy of ``backends/triton/kernels``, in one run.
 
     python benchmarks/kernel_ab.py --baseline DIR [--shapes ddetr-decoder,ddetr-encoder,bevformer-sca]
         [--dtypes float32,bfloat16] [--rounds 3] [--compile-only | --sass]
 
 DIR holds the baseline's ``sampling.py``, ``forward.py`` and ``backward.py`` (for example
-``git show REV:nkilib_msda/backends/triton_kernels/forward.py > DIR/forward.py``); they are
+``git show REV:nkilib_msda/backends/triton/kernels/forward.py > DIR/forward.py``); they are
 loaded as their own package, so both versions run in one process on the same inputs (the
 benchmark shapes of ``bench_gpu.py``). For each (shape, dtype) it times the default launch
 plan's forward kernel, its fast-mode backward kernel and the deterministic-mode backward
@@ -41,7 +41,7 @@ def load_baseline(directory: str):
     (tmp / "__init__.py").write_text("")
     for name in _KERNEL_FILES:
         source = (Path(directory) / f"{name}.py").read_text()
-        source = re.sub(r"nkilib_msda\.backends\.triton_kernels\.", f"{package}.", source)
+        source = re.sub(r"nkilib_msda\.backends\.triton\.kernels\.", f"{package}.", source)
         (tmp / f"{name}.py").write_text(source)
     sys.path.insert(0, str(tmp.parent))
     modules = {}
@@ -66,7 +66,7 @@ def launches(problem, inputs):
     """[(label, (kernel, grid, scalars, kwargs), make_tensors, compared output indices)]."""
     import torch
 
-    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.backends.triton import backend as tb
 
     value, loc, attn, grad = inputs
     plan = tb.plan_launch(problem, str(value.dtype).replace("torch.", ""))
@@ -128,7 +128,7 @@ def compare_sass(args) -> int:
 
     import torch
 
-    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.backends.triton import backend as tb
     from bench_gpu import SHAPES, shape_name
     from nkilib_msda.validation.msda import validate_msda_args
 
@@ -177,7 +177,7 @@ def run(args) -> int:
     import torch
     import triton.testing
 
-    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.backends.triton import backend as tb
     from bench_gpu import SHAPES, make_inputs, shape_name
     from nkilib_msda.validation.msda import validate_msda_args
 

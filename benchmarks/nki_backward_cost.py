@@ -18,7 +18,7 @@ import numpy as np
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
-from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward  # noqa: E402
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward  # noqa: E402
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import (  # noqa: E402
     ms_deformable_attention_bwd)
 from nkilib_msda.workloads import (  # noqa: E402

@@ -9,7 +9,7 @@ import argparse
 import torch
 
 from bench_gpu import SHAPES, make_inputs, shape_name
-from nkilib_msda.backends import triton_backend as tb
+from nkilib_msda.backends.triton import backend as tb
 from nkilib_msda.validation.msda import validate_msda_args
 
 parser = argparse.ArgumentParser()

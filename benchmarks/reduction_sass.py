@@ -59,7 +59,7 @@ def sass_of(compiled) -> str:
 def main(argv=None) -> int:
     import triton
 
-    from nkilib_msda.backends import triton_backend as tb
+    from nkilib_msda.backends.triton import backend as tb
     from bench_gpu import SHAPES, shape_name
     from nkilib_msda.validation.msda import MSDAProblem
 

@@ -10,7 +10,7 @@ lazily.
 
 from __future__ import annotations
 
-from nkilib_msda._lazy import lazy_exports
+from nkilib_msda._lazy import alias_modules, lazy_exports
 from nkilib_msda._torch_ops import register_torch_ops_when_available
 from nkilib_msda._version import __version__
 
@@ -29,5 +29,11 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+# Modules that moved under ``pytorch/``: their old names import the same module objects.
+alias_modules({
+    "nkilib_msda.mmcv": "nkilib_msda.pytorch.mmcv",
+    "nkilib_msda.buckets": "nkilib_msda.pytorch.buckets",
+})
 
 register_torch_ops_when_available()

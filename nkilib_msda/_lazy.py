@@ -14,9 +14,12 @@ resolves (lazily) to the function.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
+from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 def lazy_exports(module_name: str, exports: dict[str, str]
@@ -54,3 +57,41 @@ def _exports_win_over_submodules(module_name: str, names: frozenset[str]) -> typ
             super().__setattr__(name, value)
 
     return ExportingModule
+
+
+def alias_modules(aliases: dict[str, str]) -> None:
+    """Let each ``aliases`` key (a module that moved) import as its value, the module's new name.
+
+    Nothing is imported until the old name is: a meta path finder resolves ``import old`` to
+    the module object of ``new``, so both names are the same module (isinstance checks and
+    monkeypatching agree) and the module keeps its own ``__spec__``.
+    """
+    if not any(isinstance(f, _AliasFinder) and f.aliases == aliases for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder(aliases))  # before path finders that may hold a stale copy
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, aliases: dict[str, str]) -> None:
+        self.aliases = aliases
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
+        new_name = self.aliases.get(fullname)
+        if new_name is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(new_name))
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, new_name: str) -> None:
+        self.new_name = new_name
+        self.own_spec: ModuleSpec | None = None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        module = importlib.import_module(self.new_name)
+        self.own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system stamped the old name's spec on the module: give it back its own.
+        module.__spec__ = self.own_spec

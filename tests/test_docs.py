@@ -169,7 +169,7 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         pytest.importorskip("kernels")
         import torch
 
-        from nkilib_msda.backends import reference_torch
+        from nkilib_msda.backends.reference import backend as reference_torch
         from nkilib_msda.pytorch import hf_kernels
 
         model = transformers.DeformableDetrModel(_tiny_detr_config()).eval()

@@ -132,7 +132,7 @@ def test_backend_variable_typo_is_rejected_by_block_attn_res(monkeypatch):
 
 def test_deterministic_variable_is_parsed(monkeypatch):
     pytest.importorskip("torch")
-    from nkilib_msda.backends import triton_backend
+    from nkilib_msda.backends.triton import backend as triton_backend
 
     monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "off")
     assert triton_backend._resolve_deterministic(None) is False

@@ -24,7 +24,7 @@ PKG = Path(nkilib_msda.__file__).parent
 FACTS = PKG / "hardware.py"
 # 128s that are not the partition count.
 ALLOWED_128 = {
-    "backends/triton_plan.py": "a GPU block size",
+    "backends/triton/plan.py": "a GPU block size",
     "workloads.py": "image sizes of named shapes (Mask2Former 128x128)",
 }
 SBUF_NUMBERS = {"211968", "212984", "212992", "207872", "204792", "204800", "229376", "262144",
@@ -132,9 +132,9 @@ def _problem(**kw) -> MSDAProblem:
 
 def test_every_planner_defaults_to_the_one_budget_and_quotes_it():
     from nkilib_msda.experimental.block_attn_res.tiling import plan_backward, plan_forward
-    from nkilib_msda.experimental.deformable_attention.backward_config import \
+    from nkilib_msda.experimental.deformable_attention.plan.backward_config import \
         plan_backward as plan_msda_backward
-    from nkilib_msda.experimental.deformable_attention.forward_config import \
+    from nkilib_msda.experimental.deformable_attention.plan.forward_config import \
         plan_forward as plan_msda_forward
 
     budget = hardware.PLANNER_SBUF_BUDGET["trn2"]

@@ -22,6 +22,26 @@ SNIPPETS = {
         "from types import ModuleType\n"
         "for k in (ms_deformable_attention, ms_deformable_attention_bwd, block_attn_res_fwd):\n"
         "    assert not isinstance(k, ModuleType) and callable(k), k\n"),
+    # mmcv.py and buckets.py moved under pytorch/: the old names import the same module objects.
+    "moved modules answer their old names (old name first)": (
+        "import sys, importlib.util, nkilib_msda\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "if importlib.util.find_spec('torch') is not None:\n"
+        "    import nkilib_msda.mmcv\n"
+        "    from nkilib_msda.mmcv import MultiScaleDeformableAttention\n"
+        "    from nkilib_msda import buckets\n"
+        "    from nkilib_msda.pytorch import buckets as moved_buckets, mmcv as moved_mmcv\n"
+        "    assert nkilib_msda.mmcv is moved_mmcv is sys.modules['nkilib_msda.mmcv']\n"
+        "    assert buckets is moved_buckets is nkilib_msda.buckets is sys.modules['nkilib_msda.buckets']\n"
+        "    assert MultiScaleDeformableAttention is moved_mmcv.MultiScaleDeformableAttention\n"
+        "    assert moved_mmcv.__spec__.name == 'nkilib_msda.pytorch.mmcv'\n"),
+    "moved modules answer their old names (new name first)": (
+        "import sys, importlib.util\n"
+        "if importlib.util.find_spec('torch') is not None:\n"
+        "    import nkilib_msda.pytorch.mmcv, nkilib_msda.pytorch.buckets\n"
+        "    import nkilib_msda.mmcv, nkilib_msda.buckets\n"
+        "    assert nkilib_msda.mmcv is nkilib_msda.pytorch.mmcv\n"
+        "    assert nkilib_msda.buckets is nkilib_msda.pytorch.buckets\n"),
 }
 
 

@@ -41,9 +41,9 @@ __all__ = ["BACKEND_NAMES", "BLOCK_ATTN_RES_BACKENDS", "FALLBACK_BACKEND", "Back
 # Where each backend lives, in the automatic choice's order of preference; what each can do
 # is declared by the module itself (``CAPABILITIES``).
 _LOCATIONS = {
-    "reference": "nkilib_msda.backends.reference_torch",
+    "reference": "nkilib_msda.backends.reference.backend",
     "nki": "nkilib_msda.backends.nki_backend",
-    "triton": "nkilib_msda.backends.triton_backend",
+    "triton": "nkilib_msda.backends.triton.backend",
 }
 BACKEND_NAMES = tuple(_LOCATIONS)
 # Runs every call on every device: the automatic choice falls back to it.

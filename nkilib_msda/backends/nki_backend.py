@@ -85,14 +85,14 @@ _PLANS_PER_KERNEL = 256
 
 @functools.lru_cache(maxsize=_PLANS_PER_KERNEL)
 def _forward_plan(problem: MSDAProblem, value_dtype: str) -> str | ValueError:
-    from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
+    from nkilib_msda.experimental.deformable_attention.plan.forward_config import plan_forward
 
     return _first_plannable(lambda m: plan_forward(problem, value_dtype, gather_method=m))
 
 
 @functools.lru_cache(maxsize=_PLANS_PER_KERNEL)
 def _backward_plan(problem: MSDAProblem, value_dtype: str) -> str | ValueError:
-    from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
+    from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 
     return _first_plannable(lambda m: plan_backward(problem, value_dtype, gather_method=m))
 

@@ -7,9 +7,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import runpy
 import sys
-from pathlib import Path
 from typing import NoReturn, Sequence
 
 from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
@@ -129,19 +127,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-# The GPU benchmark harness is not part of the wheel: it lives in the repository's benchmarks/.
-BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    if not BENCH_SCRIPT.is_file():
-        print("nkilib-msda: error: `bench` runs benchmarks/bench_gpu.py, which ships with the source "
-              "repository, not with the installed package: run it from a checkout "
-              "(pip install -e . there, then `nkilib-msda bench` or `python benchmarks/bench_gpu.py`)",
-              file=sys.stderr)
-        return 2
-    bench = runpy.run_path(str(BENCH_SCRIPT), run_name="nkilib_msda_bench_gpu")
-    return int(bench["main"](args.bench_args))
+    from nkilib_msda.bench.gpu import main as bench_main
+
+    return int(bench_main(args.bench_args))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ def host_profile(monkeypatch):
     ("~", "<built-in method torch.empty_like>", "torch C ops"),
     ("/x/site-packages/triton/compiler/compiler.py", "runner", "triton"),
     ("~", "<built-in method __triton_launcher.launch>", "triton"),
-    ("/repo/nkilib_msda/backends/triton_backend.py", "msda_backward", "nkilib_msda backends"),
+    ("/repo/nkilib_msda/backends/triton/backend.py", "msda_backward", "nkilib_msda backends"),
     ("/repo/nkilib_msda/pytorch/call.py", "backward", "nkilib_msda torch layer"),
     ("~", "<built-in method builtins.isinstance>", "other"),
 ])

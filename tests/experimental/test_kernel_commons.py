@@ -10,7 +10,7 @@ import nkilib_msda._nki as nki_mod
 from nkilib_msda import hardware
 from nkilib_msda.experimental import kernel_commons as kc
 from nkilib_msda.experimental.block_attn_res import tiling
-from nkilib_msda.experimental.deformable_attention import backward_config, forward_config
+from nkilib_msda.experimental.deformable_attention.plan import backward_config, forward_config
 
 
 def test_planners_share_the_facts():

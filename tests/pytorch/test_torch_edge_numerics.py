@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nkilib_msda.backends import reference_torch
-from nkilib_msda.backends._grad_scale import row_scales
+from nkilib_msda.backends.reference import backend as reference_torch
+from nkilib_msda.backends.reference._grad_scale import row_scales
 
 
 def _load_edge_numerics():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import nkilib_msda
-from nkilib_msda.backends import BackendUnavailableError, get_backend, nki_backend, reference_torch
+from nkilib_msda.backends import BackendUnavailableError, get_backend, nki_backend
+from nkilib_msda.backends.reference import backend as reference_torch
 from nkilib_msda.pytorch import dispatch
 from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs
@@ -145,7 +146,7 @@ def test_deterministic_argument_reaches_the_backend_backward(monkeypatch, compil
     import torch
 
     import nkilib_msda
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
 
     seen = []
     original = reference_torch.msda_backward

@@ -175,7 +175,7 @@ def _generic_sampling_offsets(model):
 
 def _counting(monkeypatch):
     """Count the nkilib_msda calls: reference-backend forwards and discrete lookups."""
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
     from nkilib_msda.pytorch import msda_v2
 
     calls = []
@@ -240,7 +240,7 @@ def test_hf_families_patched_equal_unpatched_to_1e10(build, expected_sites, monk
 
 
 def test_patched_sites_really_run_nkilib(monkeypatch):
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
 
     calls = []
     real = reference_torch.msda_forward

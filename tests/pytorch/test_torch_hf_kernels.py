@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 kernels = pytest.importorskip("kernels")
 
 import nkilib_msda  # noqa: E402
-from nkilib_msda.backends import reference_torch  # noqa: E402
+from nkilib_msda.backends.reference import backend as reference_torch  # noqa: E402
 from nkilib_msda.pytorch import hf_kernels  # noqa: E402
 from nkilib_msda.pytorch.hf_kernels import LAYER_NAME, NkilibMSDALayerRepository  # noqa: E402
 from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention  # noqa: E402

@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nkilib_msda
-from nkilib_msda.backends import reference_torch
+from nkilib_msda.backends.reference import backend as reference_torch
 from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
 from _torch_inputs import make_inputs
 

@@ -130,7 +130,7 @@ def test_non_finite_and_huge_coordinates_are_safe(padding_mode):
 
 
 def test_query_chunking_gives_the_same_results(monkeypatch):
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
 
     inputs = make_inputs(queries=7, value_layout="BNLC", sampling_locations_layout="B2QHLP", seed=13)
     whole = _run(inputs, True, "border")

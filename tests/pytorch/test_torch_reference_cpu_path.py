@@ -10,7 +10,8 @@ import itertools
 import pytest
 import torch
 
-from nkilib_msda.backends import _cpu_sampling, reference_torch
+from nkilib_msda.backends.reference import _cpu_sampling
+from nkilib_msda.backends.reference import backend as reference_torch
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -110,23 +111,22 @@ def test_run_check_rejects_bad_arguments_with_value_error(kwargs, needle):
         run_check(echo=lambda *_: None, **kwargs)
 
 
-def test_bench_runs_the_checkout_harness(capsys):
-    """`bench` loads benchmarks/bench_gpu.py of the source checkout (not part of the wheel)."""
-    from nkilib_msda.tools import cli
-
-    assert cli.BENCH_SCRIPT.is_file()
+def test_bench_runs_the_packaged_harness(capsys):
+    """`bench` runs the harness that ships in the package (nkilib_msda.bench.gpu)."""
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
     assert exc.value.code == 0
     assert "--shapes" in capsys.readouterr().out
 
 
-def test_bench_without_a_checkout_says_so(capsys, monkeypatch, tmp_path):
-    from nkilib_msda.tools import cli
+def test_the_benchmark_script_is_the_packaged_harness():
+    """benchmarks/bench_gpu.py only imports the packaged harness and calls it."""
+    import runpy
 
-    monkeypatch.setattr(cli, "BENCH_SCRIPT", tmp_path / "benchmarks" / "bench_gpu.py")
-    assert main(["bench"]) == 2
-    assert "source repository" in capsys.readouterr().err
+    from nkilib_msda.bench import gpu
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
+    assert runpy.run_path(str(script), run_name="bench_gpu_under_test")["main"] is gpu.main
 
 
 # ------------------------------------------------ pipes, Ctrl-C, `info`, --quiet, progress

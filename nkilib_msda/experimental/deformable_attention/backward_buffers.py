@@ -8,8 +8,8 @@ offset, k*R into the index, see backward_config for the uniqueness proof).
 from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
-from nkilib_msda.experimental.deformable_attention.backward_config import MAX_DMA_COMPUTE_SOURCES, PARTITIONS
-from nkilib_msda.experimental.deformable_attention.backward_tiling import REDUCE_FREE_ELEMENTS
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import MAX_DMA_COMPUTE_SOURCES, PARTITIONS
+from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import REDUCE_FREE_ELEMENTS
 
 
 def flat_chunks(start: int, stop: int, width: int = REDUCE_FREE_ELEMENTS):

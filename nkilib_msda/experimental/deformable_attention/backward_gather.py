@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
-from nkilib_msda.experimental.deformable_attention.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
+from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
 from nkilib_msda.experimental.kernel_commons import PARTITIONS
 
 __all__ = ["CornerGather"]

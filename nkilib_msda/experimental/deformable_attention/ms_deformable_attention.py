@@ -59,7 +59,7 @@ from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.deformable_attention import _sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import core_info
-from nkilib_msda.experimental.deformable_attention.forward_config import (
+from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
-from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from benchmarks.check_gpu import (  # noqa: E402
     NONFINITE_SHAPES, border_pixels, make_inputs, nonfinite_value_inputs)
 from benchmarks.edge_numerics import check_edge_numerics  # noqa: E402
-from nkilib_msda.backends import triton_backend as tb  # noqa: E402
+from nkilib_msda.backends.triton import backend as tb  # noqa: E402
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref  # noqa: E402
 from nkilib_msda.validation.msda import validate_msda_args  # noqa: E402
 from nkilib_msda.workloads import relative_l2 as rel_l2  # noqa: E402

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nkilib_msda.backends import triton_backend as tb  # noqa: E402
-from nkilib_msda.backends import triton_launch  # noqa: E402
+from nkilib_msda.backends.triton import backend as tb  # noqa: E402
+from nkilib_msda.backends.triton import launch as triton_launch  # noqa: E402
 from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args  # noqa: E402
 from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
@@ -53,7 +53,7 @@ def test_kept_grad_value_accumulator_is_on_by_default():
 
 
 def test_16_bit_values_keep_a_small_grad_value_accumulator(monkeypatch):
-    from nkilib_msda.backends import triton_plan
+    from nkilib_msda.backends.triton import plan as triton_plan
 
     monkeypatch.setattr(triton_plan, "KEEP_SCRATCH_BY_DEFAULT", True)
     tb.plan_launch.cache_clear()  # plans are memoized
@@ -213,7 +213,7 @@ def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
 
 @pytest.mark.parametrize("queries,points", [(22223, 4), (300, 4), (18000, 8)])
 def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kernel(queries, points):
-    from nkilib_msda.backends.triton_kernels.backward import (msda_backward_kernel,
+    from nkilib_msda.backends.triton.kernels.backward import (msda_backward_kernel,
                                                               msda_backward_samples_kernel)
 
     p = problem(queries=queries, points=points)

@@ -23,7 +23,8 @@ def checks_output() -> str:
 
 def _run() -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), str(_HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), str(_HERE), str(_ROOT / "tests" / "pytorch"),
+                                         env.get("PYTHONPATH", "")])
     env.pop("NEURON_LOGICAL_NC_CONFIG", None)
     env.pop("NKILIB_MSDA_BACKEND", None)
     return subprocess.run([sys.executable, str(_HERE / "_neuron_checks.py")], env=env,

@@ -1,5 +1,5 @@
 """backend="nki" on CPU (NKI kernels in the emulator). The TorchNeuron device path is tested
-in test_torch_neuron.py on a stand-in device."""
+in test_nki_backend_neuron.py on a stand-in device."""
 
 from __future__ import annotations
 

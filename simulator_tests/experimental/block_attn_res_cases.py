@@ -15,7 +15,7 @@ from nkilib_msda.workloads import max_relative_error, relative_l2
 
 
 def simulate(kernel, **kwargs):
-    """The emulator with its default source rules (strict mode from tests/experimental/conftest.py)."""
+    """The emulator with its default source rules (strict mode from simulator_tests/experimental/conftest.py)."""
     return _simulate(kernel, **kwargs)
 
 

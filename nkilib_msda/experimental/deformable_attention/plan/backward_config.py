@@ -70,8 +70,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from nkilib_msda.experimental.deformable_attention.backward_scatter_plan import default_scatter_partitions
-from nkilib_msda.experimental.deformable_attention.backward_tiling import (
+from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import default_scatter_partitions
+from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
     SbufTiles, channel_tile_widths, fit_sbuf, sbuf_bytes, sbuf_tiles, transpose_chunks,
     transpose_gather_columns)
 from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET,

@@ -9,7 +9,7 @@ ordered head-fastest so concurrently running programs touch the same pixel rows 
 import triton
 import triton.language as tl
 
-from nkilib_msda.backends.triton_kernels.sampling import (
+from nkilib_msda.backends.triton.kernels.sampling import (
     bilinear_corners, level_geometry, load_corners, query_block, sample_tiles, value_row_base)
 
 

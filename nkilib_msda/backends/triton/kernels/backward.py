@@ -27,7 +27,7 @@ Row key of a corner: its row in the value tensor viewed as (-1, C_h); invalid co
 import triton
 import triton.language as tl
 
-from nkilib_msda.backends.triton_kernels.sampling import (
+from nkilib_msda.backends.triton.kernels.sampling import (
     bilinear_corners, level_geometry, load_corner, query_block, sample_tiles, value_row_base)
 
 
@@ -52,7 +52,7 @@ def _row_scales(g):
     """(2^-k, 2^k) per row of g (BLOCK_Q, BLOCK_C): the power of two that brings the row's
     largest |g| into [1, 4) (k = 0 below 2; k <= 126). The dots use 2^-k g and grad_loc / grad_attn are
     multiplied by 2^k last, so g near the fp32 maximum overflows once, to the right infinity,
-    instead of inf - inf = NaN between corners (nkilib_msda.backends._grad_scale). Built from
+    instead of inf - inf = NaN between corners (nkilib_msda.backends.reference._grad_scale). Built from
     the exponent bits E of max|g|: bits(2^-k) = clamp(0x7F000000 - E, 2^-126, 1)."""
     exponent = tl.max(tl.abs(g), axis=1).to(tl.int32, bitcast=True) & 0x7F800000
     down = tl.minimum(tl.maximum(0x7F000000 - exponent, 0x00800000), 0x3F800000)

@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from nkilib_msda.experimental.deformable_attention.backward_config import (
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import (
     FP32_EXACT_INT_MAX, PARTITIONS, TRN2_SBUF_BUDGET, buffer_index, plan_backward)
-from nkilib_msda.experimental.deformable_attention.backward_scatter_plan import (
+from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import (
     SCATTER_DESCRIPTOR_OVERHEAD_BYTES, scatter_dma_cost)
-from nkilib_msda.experimental.deformable_attention.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
+from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
 from msda_cases import msda_problem
 
 S4 = ((50, 45), (25, 21), (13, 9), (5, 7))
@@ -257,8 +257,8 @@ def test_tiling_starts_one_channel_past_the_largest_single_tile(dt, method):
 
 
 def test_channel_tile_widths_and_transpose_chunks():
-    from nkilib_msda.experimental.deformable_attention.backward_config import BackwardConfig
-    from nkilib_msda.experimental.deformable_attention.backward_tiling import channel_tile_widths
+    from nkilib_msda.experimental.deformable_attention.plan.backward_config import BackwardConfig
+    from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import channel_tile_widths
 
     for c_h in (1, 7, 128, 129, 1000, 3096):
         for method in ("copy", "transpose"):
@@ -287,7 +287,7 @@ def test_narrow_transpose_tiles_shrink_the_gather_columns():
 
 def test_every_head_dim_the_forward_accepts_runs_backward():
     """The forward's largest C_h (and the C_h of Deformable-DETR's op test) plan backward too."""
-    from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
+    from nkilib_msda.experimental.deformable_attention.plan.forward_config import plan_forward
 
     def forward_fits(p, dt, method):
         try:

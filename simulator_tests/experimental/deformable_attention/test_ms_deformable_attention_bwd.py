@@ -37,7 +37,7 @@ def backward_inputs(c: MSDACase, seed: int = 0) -> tuple[np.ndarray, dict]:
 
 
 def run_bwd(grad: np.ndarray, args: dict, lnc: int = 1, report: bool = False, **kw):
-    """Run the kernel in the emulator (strict mode from tests/experimental/conftest.py)."""
+    """Run the kernel in the emulator (strict mode from simulator_tests/experimental/conftest.py)."""
     return simulate(ms_deformable_attention_bwd, lnc=lnc, report=report)(grad, **args, **kw)
 
 

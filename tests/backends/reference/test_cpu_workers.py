@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from nkilib_msda.backends import _cpu_workers
+from nkilib_msda.backends.reference import _cpu_workers
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The reference backend's CPU path: MSDA as weighted row lookups (``embedding_bag``).
 
-Same semantics as the general path in :mod:`.reference_torch` (docs/math.md conventions, the
+Same semantics as the general path in :mod:`.backend` (docs/math.md conventions, the
 three padding modes, exact derivatives, NaN coordinates contribute nothing, corners outside
 the map contribute nothing), computed differently:
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nkilib_msda.backends._bilinear import LevelTables, axis
-from nkilib_msda.backends._cpu_workers import map_blocks
-from nkilib_msda.backends._grad_scale import row_scales
+from nkilib_msda.backends.reference._bilinear import LevelTables, axis
+from nkilib_msda.backends.reference._cpu_workers import map_blocks
+from nkilib_msda.backends.reference._grad_scale import row_scales
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["ELEMENTS_PER_CORNER", "value_matrix", "forward", "backward"]

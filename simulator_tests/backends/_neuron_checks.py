@@ -1,4 +1,4 @@
-"""Checks of the TorchNeuron path on the CPU stand-in device; run by test_torch_neuron.py in one
+"""Checks of the TorchNeuron path on the CPU stand-in device; run by test_nki_backend_neuron.py in one
 subprocess (``python _neuron_checks.py``), which prints ``PASSED <name>`` or ``FAILED <name>``
 with the traceback for each check in :data:`CHECKS` order."""
 

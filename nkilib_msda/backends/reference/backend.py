@@ -32,10 +32,10 @@ from typing import Iterator
 
 import torch
 
-from nkilib_msda.backends import _cpu_sampling
-from nkilib_msda.backends._cpu_workers import call_serial
-from nkilib_msda.backends._bilinear import LevelTables, axis, level_tables
-from nkilib_msda.backends._grad_scale import row_scales
+from nkilib_msda.backends.reference import _cpu_sampling
+from nkilib_msda.backends.reference._cpu_workers import call_serial
+from nkilib_msda.backends.reference._bilinear import LevelTables, axis, level_tables
+from nkilib_msda.backends.reference._grad_scale import row_scales
 from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
 from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, PADDING_MODES, MSDAProblem
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from msda_cases import MSDACase, with_
-from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
-from nkilib_msda.experimental.deformable_attention.forward_config import plan_forward
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
+from nkilib_msda.experimental.deformable_attention.plan.forward_config import plan_forward
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from test_ms_deformable_attention_bwd import PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients, run_bwd
 from test_ms_deformable_attention_bwd_knobs import config_for

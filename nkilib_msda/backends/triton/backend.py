@@ -13,10 +13,10 @@ kernels for every value dtype; accumulation is fp32.
 Host path (what a decoder-sized call is bounded by): the support check, plan, level tables on
 the device and kernel arguments are cached per call signature (:class:`_Context`, keyed on the
 validated problem object, dtypes and devices), and kernels are launched through the compiled
-kernel once Triton has compiled it (:mod:`.triton_launch`): no synchronisation and no host -> device
+kernel once Triton has compiled it (:mod:`.launch`): no synchronisation and no host -> device
 copy per call. For 16-bit values the plan can keep the fp32 grad_value accumulator per signature
 and stream, cleared by the cast that ends each backward (``_Context.take_scratch``; off by
-default, see ``triton_plan.KEEP_SCRATCH_BY_DEFAULT``): it stays allocated until
+default, see ``plan.KEEP_SCRATCH_BY_DEFAULT``): it stays allocated until
 :func:`clear_contexts`. Measurements: benchmarks/RESULTS.md.
 """
 
@@ -27,10 +27,10 @@ from typing import Any
 
 from nkilib_msda._env import read_env
 from nkilib_msda.backends.protocol import Capabilities, capability_reason
-from nkilib_msda.backends.triton_launch import FAST_LAUNCH as _FAST_LAUNCH  # noqa: F401 - benchmarks switch it
-from nkilib_msda.backends.triton_launch import Launcher as _Launcher
-from nkilib_msda.backends.triton_launch import raw_stream as _raw_stream
-from nkilib_msda.backends.triton_plan import (  # noqa: F401 - the planning names belong to this backend's surface
+from nkilib_msda.backends.triton.launch import FAST_LAUNCH as _FAST_LAUNCH  # noqa: F401 - benchmarks switch it
+from nkilib_msda.backends.triton.launch import Launcher as _Launcher
+from nkilib_msda.backends.triton.launch import raw_stream as _raw_stream
+from nkilib_msda.backends.triton.plan import (  # noqa: F401 - the planning names belong to this backend's surface
     INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
@@ -138,7 +138,7 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
 
 def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):
     """(kernel, grid, keyword arguments) of the forward."""
-    from nkilib_msda.backends.triton_kernels.forward import (
+    from nkilib_msda.backends.triton.kernels.forward import (
         msda_forward_kernel, msda_forward_samples_kernel)
 
     cfg = plan.forward
@@ -158,7 +158,7 @@ def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool
     """(kernel, grid, scalars, keyword arguments) of the backward. The points kernel takes
     (grad_out, value, loc, attn, shapes, starts, grad_value, grad_loc, grad_attn, keys, coefs);
     the samples kernel the same without keys and coefs."""
-    from nkilib_msda.backends.triton_kernels.backward import (
+    from nkilib_msda.backends.triton.kernels.backward import (
         msda_backward_kernel, msda_backward_samples_kernel)
 
     samples = uses_samples_backward(plan, deterministic)
@@ -182,7 +182,7 @@ _CAST_BLOCK = 4096  # elements per program of the grad_value cast
 
 def _cast_launch(numel: int, clear: bool):
     """(kernel, grid, scalars, keyword arguments) of the grad_value cast (acc, out)."""
-    from nkilib_msda.backends.triton_kernels.backward import msda_grad_value_cast_kernel
+    from nkilib_msda.backends.triton.kernels.backward import msda_grad_value_cast_kernel
 
     kwargs = dict(CLEAR=clear, INDEX64=numel + _CAST_BLOCK > INT32_MAX, BLOCK=_CAST_BLOCK,
                   num_warps=8)
@@ -349,7 +349,7 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     import torch
     import triton
 
-    from nkilib_msda.backends.triton_kernels.backward import msda_grad_value_rows_kernel
+    from nkilib_msda.backends.triton.kernels.backward import msda_grad_value_rows_kernel
 
     ctx = _checked_context(problem, value, sampling_locations)
     default_plan = plan is None or plan == ctx.plan

@@ -1,19 +1,15 @@
-"""benchmarks/bench_plot.py on a synthetic results.json: bars carry the run's numbers, the legend
+"""nkilib_msda.bench.plot (benchmarks/bench_plot.py) on a synthetic results.json: bars carry the run's numbers, the legend
 names exactly the series measured in that run and covers no bar (no GPU needed)."""
 
 from __future__ import annotations
 
 import json
-import runpy
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib is an optional dependency (pip install .[bench])")
 
-ROOT = Path(__file__).resolve().parents[2]
-bench_plot = SimpleNamespace(**runpy.run_path(str(ROOT / "benchmarks" / "bench_plot.py")))
+from nkilib_msda.bench import plot as bench_plot  # noqa: E402
 
 
 def _row(shape, dtype, impl, mode, method, us):

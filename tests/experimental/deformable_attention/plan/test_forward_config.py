@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from nkilib_msda.experimental.deformable_attention.forward_config import (
+from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES, TRN2_SBUF_BUDGET,
     plan_forward)
 from msda_cases import msda_problem as problem

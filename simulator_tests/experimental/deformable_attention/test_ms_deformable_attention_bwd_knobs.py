@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from msda_cases import MSDACase, with_
-from nkilib_msda.experimental.deformable_attention.backward_config import plan_backward
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from nkilib_msda.validation.msda import validate_msda_args
 from test_ms_deformable_attention_bwd import (GRAD_NAMES, PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nkilib_msda._env import read_env
-from nkilib_msda.backends.triton_plan import _interpreting
+from nkilib_msda.backends.triton.plan import _interpreting
 
 
 class Launcher:
