@@ -21,7 +21,7 @@ PKG = "nkilib_msda.simulator"
 ROOT = Path(simulator_pkg.__file__).parent
 
 # Lowest first. A module may import modules of its own or a lower layer (never a higher one),
-# and the graph must be acyclic. Names a branch does not have are simply absent.
+# and the graph must be acyclic. Every name is a module that exists (tested below).
 LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
@@ -148,6 +148,13 @@ def _find_cycle(graph: dict[str, list[tuple[str, int]]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+def test_every_listed_module_exists() -> None:
+    """No stale entry: each name in LAYERS is a module of the simulator package."""
+    modules = set(_modules())
+    stale = sorted(m for _, members in LAYERS for m in members if m not in modules)
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
 
 
 def test_graph_sees_function_level_imports() -> None:
