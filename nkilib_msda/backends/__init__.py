@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["BACKEND_NAMES", "BLOCK_ATTN_RES_BACKENDS", "FALLBACK_BACKEND", "BackendUnavailableError",
-           "get_backend", "backend_availability", "block_attn_res_backends"]
+           "get_backend", "block_attn_res_backends"]
 
 # Where each backend lives, in the automatic choice's order of preference; what each can do
 # is declared by the module itself (``CAPABILITIES``).
@@ -75,20 +75,6 @@ def get_backend(name: str) -> ModuleType:
         raise BackendUnavailableError(f"backend {name!r} could not be imported: {exc}") from exc
     _LOADED[name] = module
     return module
-
-
-def backend_availability() -> dict[str, str]:
-    """For ``info``: each backend name -> 'available' or why not."""
-    status = {}
-    for name in BACKEND_NAMES:
-        try:
-            module = get_backend(name)
-            ok = module.is_available()
-        except Exception as exc:  # noqa: BLE001 - report, never fail `info`
-            status[name] = f"unavailable ({type(exc).__name__}: {exc})"
-            continue
-        status[name] = "available" if ok else "unavailable"
-    return status
 
 
 def block_attn_res_backends() -> tuple[str, ...]:

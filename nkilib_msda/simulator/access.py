@@ -35,7 +35,7 @@ from nkilib_msda.simulator.tensor import (MAX_PARTITIONS, DynamicAccess, Indirec
 __all__ = ["read", "read_f32", "write", "store", "store_masked", "read_raw", "write_raw", "partition_info",
            "check_compute_partitions", "check_same_shape_per_partition", "check_buffer",
            "require_tensor", "mark_initialised", "check_initialised", "may_overlap",
-           "buffer_kind", "strict_mode", "report_hazard", "note_access"]
+           "strict_mode", "report_hazard", "note_access"]
 
 _MASK_VIEW = {1: (np.uint8, 0x01), 2: (np.uint16, 0x0101), 4: (np.uint32, 0x01010101),
               8: (np.uint64, 0x0101010101010101)}
@@ -435,8 +435,3 @@ def check_buffer(instruction: str, operand_name: str, t: Any, allowed: Iterable[
     if buf not in allowed:
         raise nki_error(instruction, "buffer access",
                         f"{operand_name} is in {buf}; {instruction} accepts {sorted(allowed)}")
-
-
-def buffer_kind(t: Any) -> str:
-    """'hbm', 'sbuf' or 'psum'."""
-    return "hbm" if t.buffer in ("private_hbm", "shared_hbm") else t.buffer

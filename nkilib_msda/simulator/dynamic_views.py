@@ -11,7 +11,7 @@ import numpy as np
 
 from nkilib_msda.simulator.dtypes import NkiDtype
 from nkilib_msda.simulator.errors import nki_error
-from nkilib_msda.simulator.geometry import _addresses, _is_run, _ViewBase
+from nkilib_msda.simulator.geometry import _addresses, _ViewBase
 
 # Receivers and index/offset tiles are NkiTensors (defined above this module, in tensor.py).
 
@@ -109,9 +109,6 @@ class IndirectAccess(_DynamicViewBase):
     def row_offsets(self) -> np.ndarray:
         """Offsets (elements) of one row's elements relative to its start, shape pattern[1:]."""
         return _addresses(self.shape[1:], self.free_strides, 0)
-
-    def row_is_run(self) -> bool:
-        return _is_run(self.shape[1:], self.free_strides)
 
 
 def is_dynamic(x: Any) -> bool:

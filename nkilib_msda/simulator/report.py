@@ -148,12 +148,6 @@ class CostReport:
             return per.get(opcode, [0, 0])[0]
         return sum(v[0] for v in per.values())
 
-    def element_count(self, engine: str, opcode: str | None = None) -> int:
-        per = self.instructions[engine]
-        if opcode is not None:
-            return per.get(opcode, [0, 0])[1]
-        return sum(v[1] for v in per.values())
-
     def dma_hbm_bytes(self, kind: str | None = None) -> int:
         return sum(s.hbm_bytes for (k, _), s in self.dma.items() if kind is None or k == kind)
 
