@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from nkilib_msda.hardware import TWO_BYTE_FLOAT_DTYPES
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "benchmarks" / "calibration_runs.json"
 GRAPHS = REPO / "benchmarks" / "calibration_graphs"  # pickled timing graphs (git-ignored)
@@ -223,7 +225,7 @@ def in_scope(record: Record) -> tuple[bool, str]:
     """bf16/fp16 and not quantized."""
     v = record.values
     dtype = _sym(v.get("dtype", "bfloat16"))
-    if dtype not in ("bfloat16", "float16"):
+    if dtype not in TWO_BYTE_FLOAT_DTYPES:
         return False, f"dtype {dtype}"
     quant = _sym(v.get("quantization_type", v.get("quant_type", "NONE")))
     if quant != "NONE" or v.get("quant_dtype") not in (None,):

@@ -37,6 +37,7 @@ import nkilib_msda
 from bench_gpu import SHAPES, BenchShape, shape_name as canonical_shape
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 from nkilib_msda.reference.grid_sample import msda_grid_sample
+from nkilib_msda.validation.arrays import as_float64
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -103,9 +104,9 @@ def errors(shape: BenchShape, dtype: torch.dtype, queries: int) -> dict[str, tup
     """impl -> (output error, worst gradient error) on the first ``queries`` queries."""
     value, loc, attn, grad = make_inputs(shape, dtype)
     loc, attn, grad = loc[:, :queries], attn[:, :queries], grad[:, :queries]
-    args = (value.double().numpy(), shape.levels, None, loc.double().numpy(), attn.double().numpy())
+    args = (as_float64(value), shape.levels, None, as_float64(loc), as_float64(attn))
     ref_out = ms_deformable_attention_ref(*args)
-    ref_grads = ms_deformable_attention_bwd_ref(grad.double().numpy(), *args)
+    ref_grads = ms_deformable_attention_bwd_ref(as_float64(grad), *args)
     result = {}
     for name, fn in (("ours", ours(shape.levels)), ("grid_sample", grid_sample(shape.levels))):
         leaves = [t.detach().requires_grad_() for t in (value, loc, attn)]

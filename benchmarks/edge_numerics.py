@@ -19,6 +19,7 @@ import torch
 
 import nkilib_msda
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
+from nkilib_msda.validation.arrays import as_float64
 
 # Power-of-two sizes and locations on a 1/256 grid: the pixel coordinates are exact in float32
 # and float64 alike, so a bilinear weight is 0 in both or in neither (an infinite weight times
@@ -53,11 +54,11 @@ def _run(backend: str, value, loc, attn, grad, padding_mode: str, value_layout: 
     grads = list(torch.autograd.grad(out, tensors, grad))
     if value_layout == "BNLC":
         grads[0] = grads[0].transpose(1, 2)
-    return [t.detach().cpu().double().numpy() for t in (out, *grads)]
+    return [as_float64(t) for t in (out, *grads)]
 
 
 def _reference(value, loc, attn, grad, padding_mode: str) -> list[np.ndarray]:
-    v, l, a, g = (t.cpu().double().numpy() for t in (value, loc, attn, grad))
+    v, l, a, g = (as_float64(t) for t in (value, loc, attn, grad))
     out = ms_deformable_attention_ref(v, SHAPES, None, l, a, padding_mode=padding_mode)
     return [out, *ms_deformable_attention_bwd_ref(g, v, SHAPES, None, l, a,
                                                   padding_mode=padding_mode)]

@@ -99,6 +99,7 @@ def _cases(dtype_name: str = "float32"):
     import nkilib_msda
     from nkilib_msda.backends.reference import backend as reference_torch
     from nkilib_msda.pytorch import ops  # noqa: F401 - registers torch.ops.nkilib_msda
+    from nkilib_msda.validation.layouts import level_starts
     from nkilib_msda.validation.msda import validate_msda_args
 
     torch.manual_seed(0)
@@ -110,9 +111,7 @@ def _cases(dtype_name: str = "float32"):
     attn = torch.rand(BATCH, QUERIES, HEADS, levels, POINTS).to(dtype)
     grad = torch.randn(BATCH, QUERIES, HEADS * CHANNELS).to(dtype)
     shapes_tensor = torch.tensor(SHAPES, dtype=torch.int64)
-    starts = [0]
-    for h, w in SHAPES[:-1]:
-        starts.append(starts[-1] + h * w)
+    starts = list(level_starts(SHAPES))
     starts_tensor = torch.tensor(starts, dtype=torch.int64)
     flat_shapes = [d for pair in SHAPES for d in pair]
     flat_starts = starts_tensor.tolist()

@@ -36,41 +36,16 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
-from nkilib_msda.workloads import BEV_SCA_LEVELS, S4, MSDACase  # noqa: E402
+from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SHAPES  # noqa: E402
 
-# nki-library's MSDA test shapes (test_ms_deformable_attention.py and ..._bwd.py list the same
-# ones): bf16 value; sampling locations / attention weights are float16 there.
-SHAPES: dict[str, MSDACase] = {
-    "basic": MSDACase(batch=2, num_queries=256, spatial_shapes=S4, locations_layout="B2QHLP"),
-    "sca-base": MSDACase(num_queries=18000, spatial_shapes=BEV_SCA_LEVELS, value_layout="BNLC",
-                         locations_layout="B2QHLP"),
-    "tsa-base": MSDACase(num_queries=40000, num_points=4, spatial_shapes=((200, 200),),
-                         locations_layout="B2QHLP"),
-    "decoder-base": MSDACase(num_queries=900, num_points=4, spatial_shapes=((200, 200),),
-                             locations_layout="B2QHLP"),
-    "sca-small": MSDACase(num_queries=13500, spatial_shapes=((113, 200),), locations_layout="B2QHLP"),
-    "tsa-small": MSDACase(num_queries=22500, num_points=4, spatial_shapes=((150, 150),),
-                          locations_layout="B2QHLP"),
-    "decoder-small": MSDACase(num_queries=900, num_points=4, spatial_shapes=((150, 150),),
-                              locations_layout="B2QHLP"),
-}
-SHAPES = {name: replace(case, name=name) for name, case in SHAPES.items()}
-
-SHAPE_DESCRIPTIONS = {
-    "basic": "nki-library's first basic test: B=2, 4 small levels, N_p=8",
-    "sca-base": "BEVFormer-base spatial cross-attention, N_q=18,000, BNLC",
-    "tsa-base": "BEVFormer-base temporal self-attention, N_q=40,000 on 200x200",
-    "decoder-base": "BEVFormer-base decoder, N_q=900 on 200x200",
-    "sca-small": "BEVFormer-small spatial cross-attention, N_q=13,500, 1 level 113x200, N_p=8",
-    "tsa-small": "BEVFormer-small temporal self-attention, N_q=22,500 on 150x150",
-    "decoder-small": "BEVFormer-small decoder, N_q=900 on 150x150",
-}
+# nki-library's MSDA test shapes, named workloads of the package.
+SHAPES = NKI_LIBRARY_SHAPES
+SHAPE_DESCRIPTIONS = NKI_LIBRARY_SHAPE_DESCRIPTIONS
 
 KERNELS = ("ours", "aws")
 DIRECTIONS = ("fwd", "bwd")

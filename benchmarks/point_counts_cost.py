@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional as F
 
 import nkilib_msda
+from nkilib_msda.validation.layouts import level_starts
 
 LEVELS = ((80, 80), (40, 40), (20, 20))
 PER_LEVEL = (3, 6, 3)
@@ -42,13 +43,13 @@ def grid_sample_v2(value, loc, weights, counts):
     """transformers' per-level grid_sample formulation (method "default")."""
     batch, _, heads, channels = value.shape
     queries = loc.shape[1]
-    outs, start, point = [], 0, 0
-    for (h, w), count in zip(LEVELS, counts):
+    outs, point = [], 0
+    for (h, w), start, count in zip(LEVELS, level_starts(LEVELS), counts):
         level = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(batch * heads, channels, h, w)
         grid = (2 * loc[:, :, :, point:point + count] - 1).permute(0, 2, 1, 3, 4).flatten(0, 1)
         outs.append(F.grid_sample(level, grid, mode="bilinear", padding_mode="zeros",
                                   align_corners=False))
-        start, point = start + h * w, point + count
+        point += count
     attn = weights.permute(0, 2, 1, 3).reshape(batch * heads, 1, queries, sum(counts))
     out = (torch.cat(outs, -1) * attn).sum(-1).view(batch, heads * channels, queries)
     return out.transpose(1, 2)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 __all__ = [
     "KIB", "PARTITIONS", "PE_ARRAY_SIZE", "DMA_TRANSPOSE_MAX_FREE", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
-    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "MAX_LNC", "TARGETS", "DEFAULT_TARGET", "NEURON_CORES",
+    "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "MAX_LNC", "TARGETS", "NEURON_CORES",
     "MATMUL_MAX_N_FP32", "SBUF_BYTES_PER_PARTITION", "RUNTIME_SBUF_RESERVE_BYTES",
     "USABLE_SBUF_BYTES", "PLANNER_SBUF_RESERVE_BYTES", "PLANNER_SBUF_BUDGET",
-    "planner_sbuf_budget", "DMA_ENGINES", "PARTITIONS_PER_DMA_ENGINE",
+    "planner_sbuf_budget", "DMA_ENGINES", "PARTITIONS_PER_DMA_ENGINE", "KERNEL_DTYPES",
+    "TWO_BYTE_FLOAT_DTYPES",
 ]
 
 KIB = 1024
@@ -51,12 +52,15 @@ PSUM_BANK_FP32 = PSUM_BANK_BYTES // 4  # fp32 columns of one matmul output bank
 FP32_EXACT_INT_MAX = 1 << 24
 DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "float16": 2,
                "uint16": 2, "int16": 2, "uint8": 1, "int8": 1}
+# The float dtypes the engines compute in, by name: every device kernel's (NKI, Triton) value
+# dtypes; float64 is a host dtype (the references), see nkilib_msda.validation.msda.
+KERNEL_DTYPES = ("bfloat16", "float16", "float32")
+TWO_BYTE_FLOAT_DTYPES = ("bfloat16", "float16")
 MAX_LNC = 2                            # the Neuron SDK supports LNC degree 1 or 2
 DMA_ENGINES = 16                       # DMA engines per NeuronCore
 PARTITIONS_PER_DMA_ENGINE = 8          # engine e moves SBUF partitions 8e .. 8e + 7
 
 TARGETS = ("trn2", "trn3")
-DEFAULT_TARGET = "trn2"
 NEURON_CORES = {"trn2": "NC-v3", "trn3": "NC-v4"}
 # Largest fp32 matmul moving free size N the emulator accepts (one PSUM bank on NC-v3).
 MATMUL_MAX_N_FP32 = {"trn2": 512, "trn3": 4096}

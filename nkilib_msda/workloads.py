@@ -14,19 +14,28 @@ share:
   on these same (rounded) arrays.
 - :func:`compare`: THE error metric, max|out - ref| / max|ref| and ||out - ref|| / ||ref|| in
   float64 (a non-finite output counts as an infinite error); both must be within the tolerance.
-- :data:`TOLERANCES`: one tolerance per (quantity, value dtype); see docs/kernels.md, "Tests".
+- :data:`TOLERANCES`: one tolerance per (quantity, value dtype); see docs/kernels.md, "Tests";
+  :data:`GPU_TOLERANCES`: the GPU checks' one tolerance per dtype.
+- :data:`NKI_LIBRARY_SHAPES`: nki-library's MSDA test shapes by its names (the side-by-side
+  benchmark's workloads).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from nkilib_msda.hardware import TWO_BYTE_FLOAT_DTYPES
+from nkilib_msda.validation.arrays import as_float64
+from nkilib_msda.validation.layouts import arrange, level_starts, permutation
+from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES
+
 __all__ = ["MSDACase", "make_inputs", "make_grad_output", "make_torch_inputs", "numpy_dtype",
-           "S4", "DDETR_LEVELS", "BEV_SCA_LEVELS", "DEFAULT_CASE", "PRESETS", "PRESET_ALIASES",
-           "PRESET_DESCRIPTIONS", "PRESET_EMULATOR_TIME", "PRESET_EMULATOR_MEMORY",
+           "S4", "DDETR_LEVELS", "BEV_SCA_LEVELS", "PRESETS", "PRESET_ALIASES",
+           "PRESET_DESCRIPTIONS", "PRESET_EMULATOR_TIME", "PRESET_EMULATOR_MEMORY", "NKI_LIBRARY_SHAPES",
+           "NKI_LIBRARY_SHAPE_DESCRIPTIONS", "GPU_TOLERANCES", "GPU_ACCUMULATED_BF16_TOLERANCE",
            "resolve_preset", "QUANTITIES", "TOLERANCES", "tolerance", "Comparison", "compare", "max_relative_error",
            "relative_l2"]
 
@@ -35,15 +44,14 @@ DDETR_LEVELS = ((100, 167), (50, 84), (25, 42), (13, 21))
 BEV_SCA_LEVELS = ((113, 200), (57, 100), (29, 50), (15, 25))
 M2F_LEVELS = ((128, 128), (64, 64), (32, 32))
 
-_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 
 
 def numpy_dtype(name: str) -> Any:
     """'bfloat16' | 'float16' | 'float32' | 'float64' (or bf16/fp16/fp32/fp64) -> NumPy dtype."""
     key = _DTYPE_ALIASES.get(name, name)
-    if key not in _DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
+    if key not in FLOAT_DTYPE_NAMES:
+        raise ValueError(f"dtype: expected one of {sorted(FLOAT_DTYPE_NAMES)}, got {name!r}")
     if key == "bfloat16":
         # Imported on first use: `nkilib-msda info` reads the preset table without it.
         import ml_dtypes
@@ -76,11 +84,7 @@ class MSDACase:
 
     @property
     def level_start_index(self) -> tuple:
-        starts, acc = [], 0
-        for h, w in self.spatial_shapes:
-            starts.append(acc)
-            acc += h * w
-        return tuple(starts)
+        return level_starts(self.spatial_shapes)
 
     @property
     def total_pixels(self) -> int:
@@ -102,22 +106,16 @@ class MSDACase:
             f"-{'ac' if self.align_corners else 'nac'}-{self.padding_mode}-{self.value_dtype}")
 
 
-DEFAULT_CASE = MSDACase()
-
-
 def _float32_inputs(case: MSDACase, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(value, sampling_locations, attention_weights) in float32, before rounding."""
     rng = np.random.default_rng(seed)
-    b, q, h, c = case.batch, case.num_queries, case.num_heads, case.head_dim
+    b, q, h = case.batch, case.num_queries, case.num_heads
     lvl, pts = case.num_levels, case.num_points
-    if case.value_layout == "BLNC":
-        vshape = (b, case.total_pixels, h, c)
-    else:
-        vshape = (b, h, case.total_pixels, c)
-    value = rng.standard_normal(vshape, dtype=np.float32)
+    sizes = {"B": b, "L": case.total_pixels, "N_h": h, "C_h": case.head_dim}
+    value = rng.standard_normal(arrange(case.value_layout, sizes), dtype=np.float32)
     loc = rng.random((b, q, h, lvl, pts, 2), dtype=np.float32)
-    if case.locations_layout == "B2QHLP":
-        loc = np.ascontiguousarray(np.moveaxis(loc, -1, 1))
+    if case.locations_layout != "BQHLP2":
+        loc = np.ascontiguousarray(loc.transpose(permutation("BQHLP2", case.locations_layout)))
     attn = rng.uniform(0.1, 1.0, (b, q, h, lvl, pts)).astype(np.float32)
     attn /= attn.sum(axis=(3, 4), keepdims=True)
     return value, loc, attn
@@ -237,6 +235,32 @@ PRESET_EMULATOR_MEMORY = {
 }
 
 
+# nki-library's MSDA test shapes (its test_ms_deformable_attention.py and ..._bwd.py list the
+# same ones): bf16 value, float16 locations / weights, as those tests draw them. The side-by-side
+# benchmark (benchmarks/msda_side_by_side.py) runs them; a shape that is also a preset is that
+# preset under nki-library's name.
+NKI_LIBRARY_SHAPES: dict[str, MSDACase] = {name: replace(case, name=name) for name, case in (
+    ("basic", replace(PRESETS["upstream"], locations_layout="B2QHLP")),
+    ("sca-base", PRESETS["bevformer-sca"]),
+    ("tsa-base", PRESETS["bevformer-tsa"]),
+    ("decoder-base", PRESETS["bevformer-decoder"]),
+    ("sca-small", MSDACase(num_queries=13500, spatial_shapes=((113, 200),), locations_layout="B2QHLP")),
+    ("tsa-small", MSDACase(num_queries=22500, num_points=4, spatial_shapes=((150, 150),),
+                           locations_layout="B2QHLP")),
+    ("decoder-small", MSDACase(num_queries=900, num_points=4, spatial_shapes=((150, 150),),
+                               locations_layout="B2QHLP")),
+)}
+NKI_LIBRARY_SHAPE_DESCRIPTIONS = {
+    "basic": "nki-library's first basic test: B=2, 4 small levels, N_p=8",
+    "sca-base": "BEVFormer-base spatial cross-attention, N_q=18,000, BNLC",
+    "tsa-base": "BEVFormer-base temporal self-attention, N_q=40,000 on 200x200",
+    "decoder-base": "BEVFormer-base decoder, N_q=900 on 200x200",
+    "sca-small": "BEVFormer-small spatial cross-attention, N_q=13,500, 1 level 113x200, N_p=8",
+    "tsa-small": "BEVFormer-small temporal self-attention, N_q=22,500 on 150x150",
+    "decoder-small": "BEVFormer-small decoder, N_q=900 on 150x150",
+}
+
+
 def resolve_preset(name: str) -> str:
     """The canonical preset name for ``name`` (a preset or an alias); ValueError otherwise."""
     canonical = PRESET_ALIASES.get(name, name)
@@ -260,7 +284,7 @@ QUANTITIES = ("output", "grad_value", "grad_sampling_locations", "grad_attention
 # grad_attention_weights 3.3e-3; fp16 at most 4.1e-4; fp32 at most 2.0e-7. Relative L2 is
 # at most 1.8e-3 (bf16) in the same runs. See docs/kernels.md, "Tolerances".
 TOLERANCES: dict[tuple[str, str], float] = {
-    **{(q, dt): 1e-2 for q in QUANTITIES for dt in ("bfloat16", "float16")},
+    **{(q, dt): 1e-2 for q in QUANTITIES for dt in TWO_BYTE_FLOAT_DTYPES},
     ("output", "float32"): 1e-5,
     **{(q, "float32"): 1e-4 for q in QUANTITIES[1:]},
 }
@@ -276,11 +300,12 @@ def tolerance(quantity: str, value_dtype: str) -> float:
     return TOLERANCES[key]
 
 
-def _float64(x: Any) -> np.ndarray:
-    """NumPy float64 copy of an array or a (CPU or device) torch tensor."""
-    if hasattr(x, "detach"):  # torch: bf16 has no NumPy dtype, so widen first
-        return x.detach().to("cpu").double().numpy()
-    return np.asarray(x, dtype=np.float64)
+# The GPU (Triton) checks' tolerances, one per run dtype: relative L2 of the output and of every
+# gradient against the float64 reference on the same rounded inputs (benchmarks/check_gpu.py and
+# the Triton interpreter tests).
+GPU_TOLERANCES: dict[str, float] = {"float32": 1e-5, **{dt: 1e-2 for dt in TWO_BYTE_FLOAT_DTYPES}}
+# A bf16 result accumulated in fp32 (the forward output, grad_value) on a large shape: rel. L2.
+GPU_ACCUMULATED_BF16_TOLERANCE = 2e-3
 
 
 def max_relative_error(out: Any, ref: Any) -> float:
@@ -313,7 +338,7 @@ class Comparison:
 
 def compare(name: str, out: Any, ref: Any, tolerance: float) -> Comparison:
     """Errors of ``out`` against ``ref`` in float64 (NaN or inf in ``out`` counts as a failure)."""
-    out64, ref64 = _float64(out), _float64(ref)
+    out64, ref64 = as_float64(out), as_float64(ref)
     if out64.shape != ref64.shape:
         raise ValueError(f"{name}: output shape {out64.shape} != reference shape {ref64.shape}")
     if not np.all(np.isfinite(out64)):

@@ -138,3 +138,21 @@ def test_cli_accepts_old_preset_names():
 
     assert build_parser().parse_args(["check", "--preset", "ddetr_dec"]).preset == "ddetr-decoder"
     assert build_parser().parse_args(["check", "--preset", "ddetr-decoder"]).preset == "ddetr-decoder"
+
+
+def test_nki_library_shapes_are_named_and_reuse_the_presets_they_equal():
+    assert set(wl.NKI_LIBRARY_SHAPES) == set(wl.NKI_LIBRARY_SHAPE_DESCRIPTIONS)
+    assert all(name == case.name for name, case in wl.NKI_LIBRARY_SHAPES.items())
+    same = {"sca-base": "bevformer-sca", "tsa-base": "bevformer-tsa", "decoder-base": "bevformer-decoder"}
+    for name, preset in same.items():
+        assert wl.NKI_LIBRARY_SHAPES[name] == wl.PRESETS[preset]  # the name is not compared
+    assert wl.NKI_LIBRARY_SHAPES["basic"] == replace(wl.PRESETS["upstream"], locations_layout="B2QHLP")
+    # nki-library's tests draw bf16 values and float16 locations / weights.
+    assert {(c.value_dtype, c.param_dtype) for c in wl.NKI_LIBRARY_SHAPES.values()} == {("bfloat16", "float16")}
+
+
+def test_gpu_tolerances_cover_the_kernel_dtypes():
+    from nkilib_msda.hardware import KERNEL_DTYPES
+
+    assert set(wl.GPU_TOLERANCES) == set(KERNEL_DTYPES)
+    assert wl.GPU_TOLERANCES["float32"] < wl.GPU_ACCUMULATED_BF16_TOLERANCE < wl.GPU_TOLERANCES["bfloat16"]

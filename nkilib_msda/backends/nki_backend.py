@@ -2,7 +2,7 @@
 TorchNeuron's ``neuron`` tensors.
 
 - CPU tensors: the kernels run in the package's emulator (:func:`run_in_emulator`); tensors
-  are converted to NumPy (bfloat16 through ``ml_dtypes.bfloat16``) and back.
+  are converted to NumPy and back by :mod:`nkilib_msda.validation.arrays` (bf16 bit for bit).
 - ``neuron`` tensors: the ``@nki.jit`` kernels are called directly on the device tensors, which
   is how torch-neuronx runs NKI kernels in eager mode (it compiles each new combination of
   shapes, dtypes and non-tensor arguments once); see docs/torch.md and
@@ -30,13 +30,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import ml_dtypes
-import numpy as np
 import torch
 
 from nkilib_msda._env import EnvironmentVariableError, read_env
 from nkilib_msda.backends.protocol import (
     NEURON_DEVICE_TYPES, Capabilities, capability_reason, device_reason)
+from nkilib_msda.hardware import KERNEL_DTYPES
+from nkilib_msda.validation.arrays import to_numpy, to_torch
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 __all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
@@ -56,9 +56,9 @@ NAME = "nki"
 CAPABILITIES = Capabilities(
     # CPU tensors run in the emulator; TorchNeuron's device runs the kernels.
     device_types=("cpu", *NEURON_DEVICE_TYPES), default_for=NEURON_DEVICE_TYPES,
-    dtypes=("float32", "bfloat16", "float16"), padding_modes=("zeros", "border"),
+    dtypes=KERNEL_DTYPES, padding_modes=("zeros", "border"),
     always_deterministic=True,  # fixed-order reduction of grad_value
-    block_attn_res_dtypes=("bfloat16", "float16", "float32"),
+    block_attn_res_dtypes=KERNEL_DTYPES,
     device_note=" (CPU tensors run in the emulator, TorchNeuron 'neuron' tensors on the device)")
 
 
@@ -163,23 +163,6 @@ def _planner_reason(problem: MSDAProblem, value: torch.Tensor,
     return None
 
 
-# -------------------------------------------------------------- tensor <-> NumPy
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().contiguous().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(a.copy()).to(device)
-
-
 def lnc_degree() -> int:
     """The LNC degree for kernel launches: ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), else the
     deprecated ``NKILIB_MSDA_SIM_LNC`` (emulator only; DeprecationWarning), else 1. Anything else raises ValueError
@@ -199,12 +182,12 @@ def run_in_emulator(kernel: Any, lnc: int | None = None) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else torch.device("cpu")
-        conv = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
-        kwconv = {k: _to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        conv = [to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
+        kwconv = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         result = simulate(kernel, lnc=lnc if lnc is not None else lnc_degree())(*conv, **kwconv)
         if isinstance(result, (tuple, list)):
-            return tuple(_to_torch(r, device) for r in result)
-        return _to_torch(result, device)
+            return tuple(to_torch(r, device) for r in result)
+        return to_torch(result, device)
 
     return call
 

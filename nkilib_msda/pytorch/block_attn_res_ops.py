@@ -33,15 +33,15 @@ from nkilib_msda.pytorch._modes import (
     FAST_PATH_DEVICES, autocast_disabled, can_skip_dispatcher, profiler_range)
 from nkilib_msda.pytorch._registration import CallHandoff, register_operator
 from nkilib_msda.validation.block_attn_res import (
-    KERNEL_DTYPES, BlockAttnResProblem, validate_block_attn_res_args,
+    BlockAttnResProblem, validate_block_attn_res_args,
     validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
 from nkilib_msda.pytorch.dispatch import AUTO, backend_argument, select_block_attn_res_backend
+from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES
 
 __all__ = ["block_attn_res", "block_attn_res_backward", "BACKENDS", "select_backend",
            "BlockAttnResCall"]
 
 BACKENDS = block_attn_res_backends()  # from the backends' declared capabilities
-_ALL_DTYPES = (*KERNEL_DTYPES, "float64")
 FORWARD_NAME = "nkilib_msda::block_attn_res"
 BACKWARD_NAME = "nkilib_msda::block_attn_res_backward"
 
@@ -118,7 +118,7 @@ def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: T
     if call is None:
         problem = validate_stacked_backward_args(grad_h, values, proj_weight, alpha,
                                                  rmsnorm_gamma, rms, scale, enable_rmsnorm,
-                                                 allowed_dtypes=_ALL_DTYPES)
+                                                 allowed_dtypes=FLOAT_DTYPE_NAMES)
         call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
     return call.backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms)
 
@@ -188,7 +188,7 @@ def _bind_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor
     problem = _CHECKED.take((values, proj_weight, rmsnorm_gamma))
     if problem is None:
         problem = validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
-                                          enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
+                                          enable_rmsnorm, allowed_dtypes=FLOAT_DTYPE_NAMES)
     return _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
                  enable_rmsnorm)
 
@@ -278,7 +278,7 @@ def block_attn_res(blocks: Sequence[Tensor], proj_weight: Tensor, partial_block:
     """
     problem = validate_block_attn_res_args(blocks, proj_weight, partial_block, scale, rmsnorm_eps,
                                            rmsnorm_gamma, enable_rmsnorm, rms_out_flag,
-                                           allowed_dtypes=_ALL_DTYPES)
+                                           allowed_dtypes=FLOAT_DTYPE_NAMES)
     h, rms, alpha = _run_forward(problem, backend, _stack(blocks, partial_block), proj_weight,
                                  rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm)
     extras = ([rms] if rms_out_flag else []) + ([alpha] if alpha_out_flag else [])
@@ -294,7 +294,7 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
     plus ``grad_gamma`` with RMSNorm; each in its input's dtype."""
     problem = validate_block_attn_res_backward_args(
         grad_h, blocks, proj_weight, alpha_cache, partial_block, rmsnorm_gamma, rms_cache, scale,
-        enable_rmsnorm, allowed_dtypes=_ALL_DTYPES)
+        enable_rmsnorm, allowed_dtypes=FLOAT_DTYPE_NAMES)
     call = _bind(problem, backend, blocks[0].device, blocks[0].dtype, scale, 0.0, enable_rmsnorm)
     with torch.no_grad():
         args = (grad_h.contiguous(), _stack(blocks, partial_block), proj_weight, alpha_cache,

@@ -27,16 +27,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from nkilib_msda.validation.arguments import check_positive_int
+
 __all__ = ["bucket_grid", "select_bucket", "pad_to_bucket", "level_masks", "get_valid_ratio",
            "valid_ratios", "flatten_level_masks", "encoder_reference_points"]
 
 Shape = tuple[int, int]
-
-
-def _positive_int(name: str, arg: object) -> int:
-    if isinstance(arg, bool) or not isinstance(arg, int) or arg <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {arg!r}")
-    return arg
 
 
 def bucket_grid(max_height: int, max_width: int, step: int) -> tuple[Shape, ...]:
@@ -45,7 +41,7 @@ def bucket_grid(max_height: int, max_width: int, step: int) -> tuple[Shape, ...]
     feature stride (e.g. 64 for Deformable-DETR's 4 levels at strides 8..64); the count is
     ceil(max_height/step) * ceil(max_width/step): choose ``step`` to keep it small."""
     for name, arg in (("max_height", max_height), ("max_width", max_width), ("step", step)):
-        _positive_int(name, arg)
+        check_positive_int(name, arg)
     heights = range(step, -(-max_height // step) * step + 1, step)
     widths = range(step, -(-max_width // step) * step + 1, step)
     return tuple(sorted(((h, w) for h in heights for w in widths), key=lambda s: (s[0] * s[1], s)))

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.modules import msda_projections, reset_msda_projections
+from nkilib_msda.validation.arguments import check_positive_int
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn_pytorch",
            "MultiScaleDeformableAttention", "patch_mmcv", "unpatch_mmcv", "MMCV_MODULE"]
@@ -82,13 +83,6 @@ def multi_scale_deformable_attn_pytorch(value: Tensor, value_spatial_shapes: Any
                                             attention_weights, backend=backend)
 
 
-def _check_positive_int(name: str, arg: Any) -> None:
-    if isinstance(arg, bool) or not isinstance(arg, int):
-        raise TypeError(f"{name}: expected a positive int, got {arg!r} ({type(arg).__name__})")
-    if arg <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {arg}")
-
-
 def _shapes_tensor(spatial_shapes: Any, device: torch.device) -> Tensor:
     """(num_levels, 2) integer tensor of (h, w) from a tensor or a sequence of pairs."""
     if isinstance(spatial_shapes, Tensor):
@@ -116,7 +110,7 @@ class MultiScaleDeformableAttention(nn.Module):
         super().__init__()
         for name, arg in (("embed_dims", embed_dims), ("num_heads", num_heads),
                           ("num_levels", num_levels), ("num_points", num_points)):
-            _check_positive_int(name, arg)
+            check_positive_int(name, arg)
         if embed_dims % num_heads != 0:
             raise ValueError(f"embed_dims: expected a multiple of num_heads={num_heads}, got {embed_dims}")
         value_proj_size = int(embed_dims * value_proj_ratio)

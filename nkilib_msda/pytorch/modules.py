@@ -16,6 +16,7 @@ from nkilib_msda.pytorch.eager import can_skip_dispatcher
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.point_counts import check_num_points
 from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
+from nkilib_msda.validation.arguments import check_positive_int
 
 __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
 
@@ -69,8 +70,7 @@ class MSDeformAttnFunction:
     @classmethod
     def apply(cls, value: Tensor, value_spatial_shapes: Any, value_level_start_index: Any,
               sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int) -> Tensor:
-        if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
-            raise ValueError(f"im2col_step: expected a positive int, got {im2col_step!r}")
+        check_positive_int("im2col_step", im2col_step)
         return multi_scale_deformable_attention(
             value, value_spatial_shapes, value_level_start_index, sampling_locations,
             attention_weights, backend=cls.backend)
@@ -140,15 +140,10 @@ class MSDeformAttn(nn.Module):
                  n_points: int | Sequence[int] = 4, *, backend: str | None = None):
         super().__init__()
         for name, arg in (("d_model", d_model), ("n_levels", n_levels), ("n_heads", n_heads)):
-            if isinstance(arg, bool) or not isinstance(arg, int):
-                raise TypeError(f"{name}: expected a positive int, got {arg!r} "
-                                f"({type(arg).__name__})")
-            if arg <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {arg}")
+            check_positive_int(name, arg)
         self.num_points_list: tuple[int, ...] | None = None
         if isinstance(n_points, int) and not isinstance(n_points, bool):
-            if n_points <= 0:
-                raise ValueError(f"n_points: expected a positive int, got {n_points}")
+            check_positive_int("n_points", n_points)
         else:
             n_points = self.num_points_list = check_num_points(n_points, n_levels, "n_points")
         if d_model % n_heads != 0:

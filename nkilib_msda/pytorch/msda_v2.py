@@ -30,6 +30,7 @@ from nkilib_msda.pytorch._modes import values_unreadable
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.point_counts import check_num_points, check_packed_points, level_count
 from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
+from nkilib_msda.validation.layouts import level_starts
 
 __all__ = ["multi_scale_deformable_attention_v2", "discrete_attention", "METHODS"]
 
@@ -64,8 +65,8 @@ def discrete_attention(value: Tensor, spatial_shapes: tuple[tuple[int, int], ...
     batch, length, heads, channels = value.shape
     queries, total = sampling_locations.shape[1], sampling_locations.shape[3]
     rows = []
-    start = point = 0
-    for (height, width), count in zip(spatial_shapes, num_points):
+    point = 0
+    for (height, width), start, count in zip(spatial_shapes, level_starts(spatial_shapes), num_points):
         level = sampling_locations.narrow(3, point, count)
         scale = torch.tensor([width, height], device=level.device)
         # The models' exact arithmetic: scale and shift in the locations' dtype, truncate to
@@ -74,7 +75,6 @@ def discrete_attention(value: Tensor, spatial_shapes: tuple[tuple[int, int], ...
         col = pixel[..., 0].clamp(0, width - 1)
         row = pixel[..., 1].clamp(0, height - 1)
         rows.append(start + row * width + col)
-        start += height * width
         point += count
     index = torch.cat(rows, dim=-1).permute(0, 2, 1, 3).reshape(batch, heads, queries * total)
     acc = _accumulation_dtype(value.dtype)

@@ -24,11 +24,12 @@ from typing import Any, Sequence
 
 from torch import Tensor, cat
 
+from nkilib_msda.validation.layouts import LOCATION_DIMS, location_axis
+
 __all__ = ["check_num_points", "check_packed_points", "level_count", "pad_point_counts",
            "pack_point_gradients", "OFF_MAP_LOCATION"]
 
 OFF_MAP_LOCATION = -1.0
-_LAYOUTS = ("BQHLP2", "B2QHLP")
 
 
 def check_num_points(num_points: Any, num_levels: int, name: str = "num_points"
@@ -60,10 +61,8 @@ def level_count(spatial_shapes: Any) -> int:
 
 def _point_dim(sampling_locations_layout: str) -> int:
     """The packed point axis of the locations (BQHLP2: -2, B2QHLP: -1)."""
-    if sampling_locations_layout not in _LAYOUTS:
-        raise ValueError(f"sampling_locations_layout: expected one of {list(_LAYOUTS)}, got "
-                         f"{sampling_locations_layout!r}")
-    return -2 if sampling_locations_layout == "BQHLP2" else -1
+    # Packed, N_l and N_p are one axis: count it from the end of the 6-d layout.
+    return location_axis(sampling_locations_layout, "N_p") - len(LOCATION_DIMS[sampling_locations_layout])
 
 
 def check_packed_points(sampling_locations: Tensor, attention_weights: Tensor,

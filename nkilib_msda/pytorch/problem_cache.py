@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, level_starts, location_axis
 from nkilib_msda.validation.msda import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
 __all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
@@ -116,12 +117,7 @@ def _starts_key(level_start_index: Any, shapes: tuple[tuple[int, ...], ...]
     if level_start_index is None:
         return "derived"
     starts = _int_list(_python_form(level_start_index))
-    if starts is not None and len(starts) == len(shapes):
-        total = 0
-        for start, (h, w) in zip(starts, shapes):
-            if start != total:
-                return starts
-            total += h * w
+    if starts is not None and len(starts) == len(shapes) and starts == level_starts(shapes):
         return "derived"
     return starts
 
@@ -191,8 +187,8 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
 
 # ------------------------------------------------------------------ empty inputs
 
-# (tensor name, layout -> (batch dim, query dim or None)) for the tensors carrying B and N_q.
-_LOC_DIMS = {"BQHLP2": (0, 1), "B2QHLP": (0, 2)}
+# The locations' (B, N_q) axes per layout.
+_LOC_DIMS = {layout: (location_axis(layout, "B"), location_axis(layout, "N_q")) for layout in LOCATION_LAYOUTS}
 
 
 def _validate(value: Any, spatial_shapes: Any, level_start_index: Any, sampling_locations: Any,

@@ -28,6 +28,7 @@ from nkilib_msda.pytorch._registration import register_operator
 from nkilib_msda.pytorch.ops import (backward_schema, forward_schema, msda_backward_fake,
                                      msda_op_backward, msda_op_forward, no_double_backward,
                                      output_dims)
+from nkilib_msda.validation.layouts import level_starts
 
 __all__ = ["ms_deformable_attention_tensor_shapes", "ms_deformable_attention_tensor_shapes_bwd",
            "tensor_shapes_operator_args", "TENSOR_SHAPES_FORWARD_NAME"]
@@ -55,11 +56,7 @@ def _flat_shapes(spatial_shapes: Tensor) -> list[int]:
 def _starts(level_start_index: Tensor | None, flat_shapes: list[int]) -> list[int]:
     """The level starts' values, derived from the shapes when None."""
     if level_start_index is None:
-        starts, total = [], 0
-        for h, w in zip(flat_shapes[::2], flat_shapes[1::2]):
-            starts.append(total)
-            total += h * w
-        return starts
+        return list(level_starts(zip(flat_shapes[::2], flat_shapes[1::2])))
     return [int(s) for s in level_start_index.reshape(-1).tolist()]
 
 

@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence, TypeVar, cast
 
 import numpy as np
 
+from nkilib_msda.validation.arrays import as_float64
+
 __all__ = ["block_attn_res_ref", "block_attn_res_backward_ref", "stack_sources"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -30,20 +32,13 @@ def _quiet(func: _F) -> _F:
     return cast(_F, wrapper)
 
 
-def _f64(x: Any) -> np.ndarray:
-    """Any array-like (NumPy, ml_dtypes, torch tensor) as a float64 NumPy array."""
-    if hasattr(x, "detach"):  # torch tensor: avoid importing torch here
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x).astype(np.float64)
-
-
 def stack_sources(blocks: Sequence[Any], partial_block: Any = None) -> np.ndarray:
     """Stack the sources token-major: [B, T, L, D] float64."""
     if len(blocks) == 0:
         raise ValueError("blocks: expected at least one block, got an empty sequence")
-    sources = [_f64(b) for b in blocks]
+    sources = [as_float64(b) for b in blocks]
     if partial_block is not None:
-        sources.append(_f64(partial_block))
+        sources.append(as_float64(partial_block))
     return np.stack(sources, axis=2)
 
 
@@ -80,8 +75,8 @@ def block_attn_res_ref(blocks: Sequence[Any], proj_weight: Any, partial_block: A
     ``rms`` is the denominator r = sqrt(mean(v^2) + eps), not its reciprocal.
     """
     v = stack_sources(blocks, partial_block)
-    w = _f64(proj_weight)
-    gamma = None if rmsnorm_gamma is None else _f64(rmsnorm_gamma)
+    w = as_float64(proj_weight)
+    gamma = None if rmsnorm_gamma is None else as_float64(rmsnorm_gamma)
     z, r, _, _ = _scores(v, w, gamma, float(scale), float(rmsnorm_eps), enable_rmsnorm)
     alpha = _softmax(z)
     h = np.matmul(alpha[..., None, :], v)[..., 0, :]
@@ -101,9 +96,9 @@ def block_attn_res_backward_ref(grad_h: Any, blocks: Sequence[Any], proj_weight:
     grad_proj_weight [D], grad_rmsnorm_gamma [D] or None (None without RMSNorm)).
     """
     v = stack_sources(blocks, partial_block)
-    dh = _f64(grad_h)
-    w = _f64(proj_weight)
-    gamma = None if rmsnorm_gamma is None else _f64(rmsnorm_gamma)
+    dh = as_float64(grad_h)
+    w = as_float64(proj_weight)
+    gamma = None if rmsnorm_gamma is None else as_float64(rmsnorm_gamma)
     s = float(scale)
     z, r, x_hat, u = _scores(v, w, gamma, s, float(rmsnorm_eps), enable_rmsnorm)
     alpha = _softmax(z)

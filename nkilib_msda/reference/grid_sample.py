@@ -10,15 +10,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nkilib_msda.validation.layouts import permutation
+
 
 def to_blnc(value: torch.Tensor, layout: str) -> torch.Tensor:
     """(B, L, N_h, C_h) view/copy of value in ``layout``."""
-    return value if layout == "BLNC" else value.transpose(1, 2)
+    return value.permute(*permutation(layout, "BLNC"))
 
 
 def to_bqhlp2(locations: torch.Tensor, layout: str) -> torch.Tensor:
     """(B, N_q, N_h, N_l, N_p, 2) view of locations in ``layout``."""
-    return locations if layout == "BQHLP2" else locations.permute(0, 2, 3, 4, 5, 1)
+    return locations.permute(*permutation(layout, "BQHLP2"))
 
 
 def msda_grid_sample(value: torch.Tensor, spatial_shapes, sampling_locations: torch.Tensor,

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from nkilib_msda.validation.arrays import as_float64
+from nkilib_msda.validation.layouts import permutation
 from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args
 
 # Gathered value elements (float64) held at once: 2**22 elements = 32 MiB per chunk.
@@ -34,22 +36,15 @@ _SCATTER_ENTRIES_PER_FLUSH = 1 << 22
 # --------------------------------------------------------------------------- inputs
 
 
-def _as_float64(x: Any) -> np.ndarray:
-    """Float64 NumPy copy of an array-like (NumPy incl. ml_dtypes, or a torch tensor)."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor (also bfloat16, requires_grad)
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x).astype(np.float64)
-
-
 def _locations_bqhlp2(sampling_locations: np.ndarray, layout: str) -> np.ndarray:
     """View of the locations as (B, N_q, N_h, N_l, N_p, 2)."""
-    return sampling_locations if layout == "BQHLP2" else np.moveaxis(sampling_locations, 1, -1)
+    return sampling_locations.transpose(permutation(layout, "BQHLP2"))
 
 
 def _to_location_layout(grad_bqhlp2: np.ndarray, layout: str) -> np.ndarray:
     if layout == "BQHLP2":
         return grad_bqhlp2
-    return np.ascontiguousarray(np.moveaxis(grad_bqhlp2, -1, 1))
+    return np.ascontiguousarray(grad_bqhlp2.transpose(permutation("BQHLP2", layout)))
 
 
 # ------------------------------------------------------------ coordinates per axis
@@ -290,9 +285,9 @@ def ms_deformable_attention_ref(
 
 
 def _forward(problem: MSDAProblem, value: Any, sampling_locations: Any, attention_weights: Any) -> np.ndarray:
-    value_rows = _as_float64(value).reshape(-1, problem.head_dim)
-    locations = _locations_bqhlp2(_as_float64(sampling_locations), problem.sampling_locations_layout)
-    attention = _as_float64(attention_weights)
+    value_rows = as_float64(value).reshape(-1, problem.head_dim)
+    locations = _locations_bqhlp2(as_float64(sampling_locations), problem.sampling_locations_layout)
+    attention = as_float64(attention_weights)
     b, n_h, c_h = problem.batch, problem.num_heads, problem.head_dim
     out = np.empty((b, problem.num_queries, n_h, c_h))
     for queries in _query_chunks(problem):
@@ -334,11 +329,11 @@ def ms_deformable_attention_bwd_ref(
 
 def _backward(problem: MSDAProblem, grad_output: Any, value: Any, sampling_locations: Any,
               attention_weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    value_rows = _as_float64(value).reshape(-1, problem.head_dim)
-    locations = _locations_bqhlp2(_as_float64(sampling_locations), problem.sampling_locations_layout)
-    attention = _as_float64(attention_weights)
+    value_rows = as_float64(value).reshape(-1, problem.head_dim)
+    locations = _locations_bqhlp2(as_float64(sampling_locations), problem.sampling_locations_layout)
+    attention = as_float64(attention_weights)
     b, n_h, c_h = problem.batch, problem.num_heads, problem.head_dim
-    grad_out = _as_float64(grad_output).reshape(b, problem.num_queries, n_h, c_h)
+    grad_out = as_float64(grad_output).reshape(b, problem.num_queries, n_h, c_h)
 
     grad_locations = np.empty(locations.shape)
     grad_attention = np.empty(problem.attention_weights_shape)

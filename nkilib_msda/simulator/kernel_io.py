@@ -15,6 +15,7 @@ from nkilib_msda.simulator.access import read
 from nkilib_msda.simulator.dtypes import to_nki_dtype
 from nkilib_msda.simulator.errors import NkiError, argument_error, nki_error
 from nkilib_msda.simulator.tensor import NkiTensor, Storage
+from nkilib_msda.validation.arrays import to_numpy, to_torch
 
 __all__ = ["KernelInputs", "check_signature", "flatten_outputs", "output_to_numpy", "same_output",
            "to_torch"]
@@ -29,17 +30,11 @@ class KernelInputs:
 
     def _torch(self, value: Any, where: str) -> NkiTensor:
         """A CPU torch tensor becomes a NumPy array (bf16 via ml_dtypes); written back after."""
-        import ml_dtypes
-        import torch
-
         t = value.detach()
         if t.device.type != "cpu":
             raise nki_error("kernel arguments", "argument device",
                             f"{where} is a torch tensor on {t.device}; the emulator takes CPU tensors")
-        if t.dtype == torch.bfloat16:
-            arr = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-        else:
-            arr = t.contiguous().numpy().copy()
+        arr = to_numpy(t)
         tensor = self._array(arr, where)
         self.torch_back.append((value, arr))
         return tensor
@@ -136,17 +131,6 @@ def _torch_no_grad() -> Any:
     import torch
 
     return torch.no_grad()
-
-
-def to_torch(arr: np.ndarray) -> Any:
-    """NumPy (incl. ml_dtypes bfloat16) -> torch tensor of the matching dtype."""
-    import torch
-
-    if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-    if arr.dtype.name.startswith("float8"):
-        return torch.from_numpy(arr.astype(np.float32))
-    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def check_signature(func: Callable[..., Any]) -> inspect.Signature:

@@ -12,6 +12,8 @@ from typing import NoReturn, Sequence
 
 from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
+from nkilib_msda.hardware import KERNEL_DTYPES
+from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, VALUE_LAYOUTS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,12 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
                        type=lambda name: PRESET_ALIASES.get(name, name),
                        help="shape preset, see the list below (default: %(default)s)")
-    check.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+    check.add_argument("--dtype", default="bfloat16", choices=KERNEL_DTYPES,
                        help="value dtype (default: %(default)s)")
-    check.add_argument("--param-dtype", default="float16", choices=["bfloat16", "float16", "float32"],
+    check.add_argument("--param-dtype", default="float16", choices=KERNEL_DTYPES,
                        help="locations/weights dtype (default: %(default)s)")
-    check.add_argument("--value-layout", choices=["BLNC", "BNLC"], help="default: the preset's")
-    check.add_argument("--locations-layout", choices=["BQHLP2", "B2QHLP"], help="default: the preset's")
+    check.add_argument("--value-layout", choices=VALUE_LAYOUTS, help="default: the preset's")
+    check.add_argument("--locations-layout", choices=LOCATION_LAYOUTS, help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
     check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
     check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,

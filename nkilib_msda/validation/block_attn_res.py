@@ -11,14 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nkilib_msda.hardware import PARTITIONS
-from nkilib_msda.validation.msda import dtype_name, symbolic_or_int
+from nkilib_msda.hardware import KERNEL_DTYPES, PARTITIONS
+from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, dtype_name, symbolic_or_int
 
 __all__ = ["BlockAttnResProblem", "KERNEL_DTYPES", "MAX_BLOCKS", "MAX_SOURCES",
            "validate_block_attn_res_args", "validate_block_attn_res_backward_args",
            "validate_stacked_values", "validate_stacked_backward_args"]
 
-KERNEL_DTYPES = ("bfloat16", "float16", "float32")
 MAX_BLOCKS = 127
 MAX_SOURCES = PARTITIONS  # the kernels' limit on L (the tiling planner checks the same)
 
@@ -154,14 +153,13 @@ def validate_block_attn_res_backward_args(grad_h: Any, blocks: Sequence[Any], pr
     n_sources = n_blocks + int(partial_block is not None)
     if alpha_cache is None:
         raise ValueError("alpha_cache: required (the forward's alpha [B, T, L]), got None")
-    float_dtypes = (*KERNEL_DTYPES, "float64")
-    _check_like("alpha_cache", alpha_cache, (batch, seq_len, n_sources), float_dtypes, device,
+    _check_like("alpha_cache", alpha_cache, (batch, seq_len, n_sources), FLOAT_DTYPE_NAMES, device,
                 "[B, T, L]")
     if enable_rmsnorm:
         if rms_cache is None:
             raise ValueError("rms_cache: required when enable_rmsnorm=True (the forward's rms "
                              "[B, T, L, 1]), got None")
-        _check_like("rms_cache", rms_cache, (batch, seq_len, n_sources, 1), float_dtypes, device,
+        _check_like("rms_cache", rms_cache, (batch, seq_len, n_sources, 1), FLOAT_DTYPE_NAMES, device,
                     "[B, T, L, 1]")
     return BlockAttnResProblem(batch, seq_len, dim, n_blocks, partial_block is not None, dtype,
                                bool(enable_rmsnorm))
@@ -209,13 +207,12 @@ def validate_stacked_backward_args(grad_h: Any, values: Any, proj_weight: Any, a
     _check_like("grad_h", grad_h, (batch, seq_len, dim), (dtype,), device, "[B, T, D] like values")
     _check_weights(proj_weight, rmsnorm_gamma, enable_rmsnorm, dim, dtype, device)
     _check_number("scale", scale)
-    float_dtypes = (*KERNEL_DTYPES, "float64")
     if alpha is None:
         raise ValueError("alpha: required (the forward's alpha [B, T, L]), got None")
-    _check_like("alpha", alpha, (batch, seq_len, n_src), float_dtypes, device, "[B, T, L]")
+    _check_like("alpha", alpha, (batch, seq_len, n_src), FLOAT_DTYPE_NAMES, device, "[B, T, L]")
     if enable_rmsnorm:
         if rms is None:
             raise ValueError("rms: required when enable_rmsnorm=True (the forward's rms "
                              "[B, T, L, 1]), got None")
-        _check_like("rms", rms, (batch, seq_len, n_src, 1), float_dtypes, device, "[B, T, L, 1]")
+        _check_like("rms", rms, (batch, seq_len, n_src, 1), FLOAT_DTYPE_NAMES, device, "[B, T, L, 1]")
     return BlockAttnResProblem(batch, seq_len, dim, n_src, False, dtype, bool(enable_rmsnorm))

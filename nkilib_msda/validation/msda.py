@@ -13,9 +13,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-VALUE_LAYOUTS = ("BLNC", "BNLC")
-LOCATION_LAYOUTS = ("BQHLP2", "B2QHLP")
+from nkilib_msda.validation.layouts import (LOCATION_DIMS, LOCATION_LAYOUTS, VALUE_DIMS, VALUE_LAYOUTS,
+                                            arrange, dims_text, level_starts)
+
 PADDING_MODES = ("zeros", "border", "reflection")
+# Every float dtype the host API takes (the device kernels' are nkilib_msda.hardware.KERNEL_DTYPES).
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 # The NKI kernels call `validate_msda_args` while tracing, and NKI before 0.7 rejects the `is`
@@ -46,17 +48,18 @@ class MSDAProblem:
         return sum(h * w for h, w in self.spatial_shapes)
 
     @property
+    def sizes(self) -> dict[str, int]:
+        """Dimension name -> size, the names of :mod:`nkilib_msda.validation.layouts`."""
+        return {"B": self.batch, "L": self.total_pixels, "N_h": self.num_heads, "C_h": self.head_dim,
+                "N_q": self.num_queries, "N_l": self.num_levels, "N_p": self.num_points, "2": 2}
+
+    @property
     def value_shape(self) -> tuple[int, ...]:
-        if self.value_layout == "BLNC":
-            return (self.batch, self.total_pixels, self.num_heads, self.head_dim)
-        return (self.batch, self.num_heads, self.total_pixels, self.head_dim)
+        return arrange(self.value_layout, self.sizes)
 
     @property
     def sampling_locations_shape(self) -> tuple[int, ...]:
-        qhlp = (self.num_queries, self.num_heads, self.num_levels, self.num_points)
-        if self.sampling_locations_layout == "BQHLP2":
-            return (self.batch, *qhlp, 2)
-        return (self.batch, 2, *qhlp)
+        return arrange(self.sampling_locations_layout, self.sizes)
 
     @property
     def attention_weights_shape(self) -> tuple[int, ...]:
@@ -162,11 +165,7 @@ def normalize_spatial_shapes(spatial_shapes: Any) -> tuple[tuple[int, int], ...]
 def normalize_level_start_index(level_start_index: Any, spatial_shapes: tuple[tuple[int, int], ...]
                                 ) -> tuple[int, ...]:
     """Level start offsets; derived when None, otherwise checked against ``spatial_shapes``."""
-    expected = []
-    start = 0
-    for h, w in spatial_shapes:
-        expected.append(start)
-        start += h * w
+    expected = level_starts(spatial_shapes)
     if isinstance(level_start_index, _NoneType):
         return tuple(expected)
     if isinstance(level_start_index, (str, bytes)):
@@ -228,12 +227,9 @@ def validate_msda_args(
     total_pixels = sum(h * w for h, w in shapes)
 
     vshape = check_float_tensor("value", value, 4)
-    if value_layout == "BLNC":
-        batch, length, heads, channels = vshape
-        dims = "(B, L, N_h, C_h)"
-    else:
-        batch, heads, length, channels = vshape
-        dims = "(B, N_h, L, C_h)"
+    vsizes = dict(zip(VALUE_DIMS[value_layout], vshape))
+    batch, length, heads, channels = vsizes["B"], vsizes["L"], vsizes["N_h"], vsizes["C_h"]
+    dims = dims_text(value_layout)
     if min(vshape) <= 0:
         raise ValueError(f"value: expected non-empty dims {dims} for layout {value_layout}, got shape {vshape}")
     if length != total_pixels:
@@ -242,12 +238,10 @@ def validate_msda_args(
             f"{value_layout} {dims}, got shape {vshape}")
 
     lshape = check_float_tensor("sampling_locations", sampling_locations, 6)
-    if sampling_locations_layout == "BQHLP2":
-        lb, queries, lh, levels, points, two = lshape
-        ldims = "(B, N_q, N_h, N_l, N_p, 2)"
-    else:
-        lb, two, queries, lh, levels, points = lshape
-        ldims = "(B, 2, N_q, N_h, N_l, N_p)"
+    lsizes = dict(zip(LOCATION_DIMS[sampling_locations_layout], lshape))
+    lb, queries, lh = lsizes["B"], lsizes["N_q"], lsizes["N_h"]
+    levels, points, two = lsizes["N_l"], lsizes["N_p"], lsizes["2"]
+    ldims = dims_text(sampling_locations_layout)
     num_levels = len(shapes)
     expect_loc = {"B": (lb, batch), "N_h": (lh, heads), "N_l": (levels, num_levels), "2": (two, 2)}
     for dim, (got, want) in expect_loc.items():

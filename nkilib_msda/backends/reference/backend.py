@@ -37,6 +37,7 @@ from nkilib_msda.backends.reference._cpu_workers import call_serial
 from nkilib_msda.backends.reference._bilinear import LevelTables, axis, level_tables
 from nkilib_msda.backends.reference._grad_scale import row_scales
 from nkilib_msda.backends.protocol import ANY_DEVICE, Capabilities
+from nkilib_msda.validation.layouts import location_axis, permutation
 from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, PADDING_MODES, MSDAProblem
 
 __all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
@@ -82,9 +83,7 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 def _value_rows(value: torch.Tensor, problem: MSDAProblem, dtype: torch.dtype) -> torch.Tensor:
     """Value as (B*N_h*L, C_h) rows ordered (b, h, pixel)."""
-    v = value.to(dtype)
-    if problem.value_layout == "BLNC":
-        v = v.permute(0, 2, 1, 3)
+    v = value.to(dtype).permute(*permutation(problem.value_layout, "BNLC"))
     return v.reshape(-1, problem.head_dim)
 
 
@@ -92,24 +91,20 @@ def _rows_to_value_layout(rows: torch.Tensor, problem: MSDAProblem) -> torch.Ten
     """Inverse of :func:`_value_rows`: (B*N_h*L, C_h) back to the value layout."""
     p = problem
     v = rows.view(p.batch, p.num_heads, p.total_pixels, p.head_dim)
-    if p.value_layout == "BLNC":
-        v = v.permute(0, 2, 1, 3)
-    return v.contiguous()
+    return v.permute(*permutation("BNLC", p.value_layout)).contiguous()
 
 
 def _locations_xy(sampling_locations: torch.Tensor, problem: MSDAProblem, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalized (u, v), each (B, N_q, N_h, N_l, N_p)."""
     loc = sampling_locations.to(dtype)
-    if problem.sampling_locations_layout == "BQHLP2":
-        return loc[..., 0], loc[..., 1]
-    return loc[:, 0], loc[:, 1]
+    xy = location_axis(problem.sampling_locations_layout, "2")
+    return loc.select(xy, 0), loc.select(xy, 1)
 
 
 def _to_location_layout(grad_u: torch.Tensor, grad_v: torch.Tensor, problem: MSDAProblem
                         ) -> torch.Tensor:
-    axis = -1 if problem.sampling_locations_layout == "BQHLP2" else 1
-    return torch.stack((grad_u, grad_v), dim=axis)
+    return torch.stack((grad_u, grad_v), dim=location_axis(problem.sampling_locations_layout, "2"))
 
 
 # ------------------------------------------------------- bilinear sampling terms

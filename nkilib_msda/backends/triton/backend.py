@@ -33,6 +33,7 @@ from nkilib_msda.backends.triton.launch import raw_stream as _raw_stream
 from nkilib_msda.backends.triton.plan import (  # noqa: F401 - the planning names belong to this backend's surface
     INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
+from nkilib_msda.hardware import KERNEL_DTYPES
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
@@ -40,7 +41,7 @@ DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
 NAME = "triton"
 CAPABILITIES = Capabilities(
     # CPU tensors only under the Triton interpreter (tests): see _device_reason.
-    device_types=("cuda", "cpu"), default_for=("cuda",), dtypes=("float32", "float16", "bfloat16"),
+    device_types=("cuda", "cpu"), default_for=("cuda",), dtypes=KERNEL_DTYPES,
     padding_modes=("zeros", "border"),
     always_deterministic=False)  # atomics by default; deterministic=True sorts and reduces
 

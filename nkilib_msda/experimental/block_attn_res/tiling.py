@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, cast
 
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.hardware import PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
+from nkilib_msda.hardware import KERNEL_DTYPES, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
 
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
@@ -33,7 +33,7 @@ __all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "Ba
 TOKEN_TILE = PARTITIONS  # tokens per tile = partitions
 BETA_CHUNK = PARTITIONS  # D values per beta matmul (the stationary's M = PSUM partitions)
 # The kernels' tensor dtypes and their sizes (hardware facts live in kernel_commons).
-DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in ("bfloat16", "float16", "float32")}
+DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in KERNEL_DTYPES}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -88,10 +88,6 @@ class _Plan:
     @property
     def total_sbuf_bytes(self) -> int:
         return sum(nbytes for _, nbytes in self.sbuf_bytes)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)

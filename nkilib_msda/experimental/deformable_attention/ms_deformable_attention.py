@@ -61,12 +61,10 @@ from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
+from nkilib_msda.hardware import KERNEL_DTYPES
 from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention", "plan_forward_from_args"]
-
-_PARAM_DTYPES = ("float32", "float16", "bfloat16")
-
 
 def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: Any,
                        sampling_locations: Any, attention_weights: Any,
@@ -81,7 +79,7 @@ def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: A
         padding_modes=("zeros", "border"))
     for name, t in (("value", value), ("sampling_locations", sampling_locations),
                     ("attention_weights", attention_weights)):
-        if dtype_name(t.dtype) not in _PARAM_DTYPES:
+        if dtype_name(t.dtype) not in KERNEL_DTYPES:
             raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 for the NKI "
                             f"kernel, got {dtype_name(t.dtype)}")
     return plan_forward(problem, dtype_name(value.dtype), lnc=lnc,

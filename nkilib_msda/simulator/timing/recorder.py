@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from nkilib_msda.hardware import TWO_BYTE_FLOAT_DTYPES
 from nkilib_msda.simulator.timing.constants import PARAM_NAMES, hardware_for, param_vector
 from nkilib_msda.simulator.timing.guard import TimingWarning, guarded
 from nkilib_msda.simulator.timing.costs import (Operand, compute_cycles, matmul_cycles,
@@ -45,7 +46,7 @@ NODE_COMPUTE, NODE_ISSUE, NODE_TRANSFER, NODE_BARRIER = 0, 1, 2, 3
 _MAX_CHUNKS = 256
 _PARTITION_GROUP = 8
 _MIN_CHUNK_BYTES = 64
-_TWO_BYTE_FLOATS = frozenset({"bfloat16", "float16"})
+_TWO_BYTE_FLOATS = frozenset(TWO_BYTE_FLOAT_DTYPES)
 _INDIRECT_KINDS = frozenset({"indirect_gather", "indirect_scatter", "indirect_rmw",
                              "indirect_transpose", "compute"})
 

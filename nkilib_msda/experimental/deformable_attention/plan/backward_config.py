@@ -74,8 +74,9 @@ from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan im
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
     SbufTiles, channel_tile_widths, fit_sbuf, sbuf_bytes, sbuf_tiles, transpose_chunks,
     transpose_gather_columns)
-from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET,
-                                  PSUM_BANK_BYTES)
+from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, KERNEL_DTYPES, PARTITIONS,
+                                  PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
+from nkilib_msda.validation.arguments import check_positive_int
 from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
@@ -93,8 +94,7 @@ def _pow2_floor(n: int) -> int:
 def _check_cap(name: str, cap: int | None) -> None:
     if cap == None:  # noqa: E711
         return
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ValueError(f"{name}: expected None or a positive int, got {cap!r}")
+    check_positive_int(name, cap)
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def plan_backward(
     if not any(flags):
         raise ValueError("compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights: "
                          "expected at least one True, got all False")
-    if value_dtype not in ("float32", "bfloat16", "float16"):
+    if value_dtype not in KERNEL_DTYPES:
         raise ValueError(f"value: expected dtype float32, bfloat16 or float16, got {value_dtype}")
     itemsize = DTYPE_BYTES[value_dtype]
 

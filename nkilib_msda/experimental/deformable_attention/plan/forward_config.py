@@ -54,6 +54,7 @@ from nkilib_msda.hardware import (
     DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
     PSUM_BYTES)
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.hardware import KERNEL_DTYPES, TWO_BYTE_FLOAT_DTYPES
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
@@ -76,9 +77,8 @@ PROD_TARGET_BYTES = 32 * 1024     # preferred fp32 product block per reduce grou
 # mask (2), pixel coords (2), float floor (2), fraction (2), clamped corners (4), corner
 # validity (4), corner factors (4).
 COORD_SCRATCH_WORDS = 23
-TWO_BYTE_DTYPES = ("bfloat16", "float16")
 # The value dtypes the forward accepts, with their sizes.
-DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in ("bfloat16", "float16", "float32")}
+DTYPE_BYTES = {name: _ALL_DTYPE_BYTES[name] for name in KERNEL_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def _resolve_gather_method(gather_method: str, value_dtype: str, head_dim: int) 
         raise ValueError(f"gather_method: expected 'transpose' or 'copy', got {gather_method!r}")
     if value_dtype not in DTYPE_BYTES:
         raise TypeError(f"value: expected dtype bfloat16, float16 or float32, got {value_dtype}")
-    if gather_method == "transpose" and value_dtype not in TWO_BYTE_DTYPES:
+    if gather_method == "transpose" and value_dtype not in TWO_BYTE_FLOAT_DTYPES:
         return "copy"  # the indirect dma_transpose moves 2-byte elements only
     if gather_method == "transpose" and head_dim * DTYPE_BYTES[value_dtype] > PSUM_BANK_BYTES:
         raise ValueError(
