@@ -15,6 +15,8 @@ from nkilib_msda.backends import nki_backend
 from nkilib_msda.validation.msda import validate_msda_args
 from _torch_inputs import make_inputs
 
+pytestmark = pytest.mark.emulator_only  # the nki backend runs CPU tensors in the emulator
+
 MSDA = nkilib_msda.multi_scale_deformable_attention
 SHAPES = ((4, 6), (3, 2), (1, 1))
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-4}

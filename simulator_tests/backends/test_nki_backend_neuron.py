@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.emulator_only  # the nki backend's stand-in device runs the emulator
+
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parents[1]
 

@@ -10,12 +10,13 @@ import numpy as np
 from nkilib_msda.experimental.block_attn_res.block_attn_res_bwd import block_attn_res_bwd
 from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_attn_res_fwd
 from nkilib_msda.reference import block_attn_res_backward_ref, block_attn_res_ref
-from nkilib_msda.simulator import simulate as _simulate
+from nki_route import simulate as _simulate
 from nkilib_msda.workloads import max_relative_error, relative_l2
 
 
 def simulate(kernel, **kwargs):
-    """The emulator with its default source rules (strict mode from simulator_tests/experimental/conftest.py)."""
+    """The session's route (nki_route; the emulator: default source rules, strict mode from
+    simulator_tests/experimental/conftest.py)."""
     return _simulate(kernel, **kwargs)
 
 

@@ -26,6 +26,8 @@ from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable
 from nkilib_msda.simulator import simulate
 from block_attn_res_cases import make_problem
 
+pytestmark = pytest.mark.emulator_only  # the emulator's LNC launch modes and cost reports
+
 LEVELS = ((6, 5), (3, 4), (2, 7))
 CASE = MSDACase(num_queries=512, num_heads=2, num_points=2, spatial_shapes=LEVELS)
 GRAD_TOL = {name: tolerance(name, CASE.value_dtype)

@@ -9,6 +9,8 @@ import pytest
 from nkilib_msda.tools.check import run_backward, run_forward
 from nkilib_msda.workloads import PRESETS, make_grad_output, make_inputs
 
+pytestmark = pytest.mark.emulator_only  # the emulator's modelled time
+
 CASE = replace(PRESETS["tiny"], num_queries=256)
 
 

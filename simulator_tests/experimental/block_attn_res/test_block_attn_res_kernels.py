@@ -60,6 +60,7 @@ def test_l128_d2304(lnc):
     run_cascade(n_blocks=127, partial=True, batch=1, seq=128, dim=2304, lnc=lnc)
 
 
+@pytest.mark.emulator_only  # reads the emulator's cost report
 @pytest.mark.parametrize("n_src,tokens,dim,lnc,dtype", [
     (26, 256, 512, 2, "bfloat16"), (33, 128, 1536, 1, "bfloat16"), (3, 130, 200, 2, "float32")])
 def test_sbuf_plan_is_exact(n_src, tokens, dim, lnc, dtype):

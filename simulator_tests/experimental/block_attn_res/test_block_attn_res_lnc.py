@@ -20,6 +20,8 @@ from nkilib_msda.experimental.block_attn_res.block_attn_res_fwd import block_att
 from nkilib_msda.simulator.report import CostReport
 from block_attn_res_cases import make_problem, run_cascade, simulate
 
+pytestmark = pytest.mark.emulator_only  # the emulator's per-program cost reports
+
 
 @pytest.fixture
 def record_streams(monkeypatch):

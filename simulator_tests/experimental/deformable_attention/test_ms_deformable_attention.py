@@ -12,7 +12,7 @@ from msda_cases import (MATRIX_CASES, MSDACase, assert_close,
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention import (
     plan_forward_from_args, ms_deformable_attention)
 from nkilib_msda.reference import ms_deformable_attention_ref
-from nkilib_msda.simulator import simulate
+from nki_route import simulate
 
 SMALL_LEVELS = ((6, 5), (3, 4), (1, 1), (1, 7))
 
@@ -63,6 +63,7 @@ def test_lnc1_equals_lnc2(gather):
     np.testing.assert_array_equal(one.astype(np.float32), two.astype(np.float32))
 
 
+@pytest.mark.emulator_only  # reads the emulator's cost report
 @pytest.mark.parametrize("cap", [128, 384, 1024, 4096, 16384])
 def test_batched_gathers(cap):
     """max_indices_per_indirect sets the index columns per indirect DMA (cap // 128)."""
@@ -218,6 +219,7 @@ def test_random_small_shapes(c, lnc, gather, seed):
                max_indices_per_indirect=None if seed % 3 else 128 * (1 + seed % 7))
 
 
+@pytest.mark.emulator_only  # reads the emulator's cost report
 @pytest.mark.parametrize("gather", ["transpose", "copy"])
 @pytest.mark.parametrize("layout", ["BQHLP2", "B2QHLP"])
 def test_cost_report_traffic_is_compulsory(gather, layout):
@@ -243,6 +245,7 @@ def test_cost_report_traffic_is_compulsory(gather, layout):
     assert rep.peak_psum_bytes_per_partition <= cfg.psum_bytes
 
 
+@pytest.mark.emulator_only  # reads the emulator's cost report
 @pytest.mark.parametrize("gather,kind", [("copy", "indirect_gather"),
                                          ("transpose", "indirect_transpose")])
 def test_ragged_tiles_gather_only_real_queries(gather, kind):

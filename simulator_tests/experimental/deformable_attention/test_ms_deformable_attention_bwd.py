@@ -14,7 +14,7 @@ from nkilib_msda.workloads import make_grad_output, max_relative_error
 from nkilib_msda.workloads import tolerance as _tolerance
 from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd import ms_deformable_attention_bwd
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
-from nkilib_msda.simulator import simulate
+from nki_route import simulate
 
 GRAD_NAMES = ("grad_value", "grad_sampling_locations", "grad_attention_weights")
 SMALL_LEVELS = ((6, 5), (3, 4), (1, 1), (1, 7))   # includes 1x1 and 1xW (x-pairs disabled)

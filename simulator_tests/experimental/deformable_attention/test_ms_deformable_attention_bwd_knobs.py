@@ -47,6 +47,7 @@ KNOBS = [
 
 
 @pytest.mark.parametrize("layout", ["BLNC", "BNLC"])
+@pytest.mark.emulator_only  # reads the emulator's cost report
 @pytest.mark.parametrize("knobs,expected", KNOBS, ids=lambda x: str(x))
 def test_knob_matrix(knobs, expected, layout):
     padding = "border" if len(knobs) % 2 else "zeros"

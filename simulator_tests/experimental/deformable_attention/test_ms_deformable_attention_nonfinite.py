@@ -27,7 +27,7 @@ from nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd i
     ms_deformable_attention_bwd)
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref, ms_deformable_attention_ref
 from nkilib_msda.simulator import jit as _sim_jit
-from nkilib_msda.simulator import simulate
+from nki_route import simulate
 
 LEVELS = ((6, 5), (3, 4))
 HEADS, HEAD_DIM, POINTS = 3, 32, 2
