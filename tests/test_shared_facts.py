@@ -4,7 +4,8 @@ The package and the benchmark scripts are scanned as code (comments and docstrin
 count); each check names the one module a fact lives in and fails on a second definition:
 
 - dtype name sets: :data:`nkilib_msda.hardware.KERNEL_DTYPES` and ``TWO_BYTE_FLOAT_DTYPES``,
-  :data:`nkilib_msda.validation.msda.FLOAT_DTYPE_NAMES`;
+  :data:`nkilib_msda.validation.msda.FLOAT_DTYPE_NAMES`; the kernels' padding modes,
+  :data:`nkilib_msda.validation.msda.KERNEL_PADDING_MODES`;
 - the layouts and their dimension orders, the level starts: :mod:`nkilib_msda.validation.layouts`;
 - the positive-int check: :mod:`nkilib_msda.validation.arguments`;
 - the torch <-> NumPy bridge (bf16 through its bits, the float64 copy): :mod:`nkilib_msda.validation.arrays`;
@@ -25,13 +26,13 @@ import pytest
 import nkilib_msda
 from nkilib_msda import hardware
 from nkilib_msda.validation import layouts
-from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES
+from nkilib_msda.validation.msda import FLOAT_DTYPE_NAMES, KERNEL_PADDING_MODES
 
 PKG = Path(nkilib_msda.__file__).parent
 ROOT = PKG.parent
 NAMED_DTYPE_SETS = {"KERNEL_DTYPES": hardware.KERNEL_DTYPES,
                     "TWO_BYTE_FLOAT_DTYPES": hardware.TWO_BYTE_FLOAT_DTYPES,
-                    "FLOAT_DTYPE_NAMES": FLOAT_DTYPE_NAMES}
+                    "FLOAT_DTYPE_NAMES": FLOAT_DTYPE_NAMES, "KERNEL_PADDING_MODES": KERNEL_PADDING_MODES}
 LAYOUT_NAMES = set(layouts.VALUE_LAYOUTS) | set(layouts.LOCATION_LAYOUTS)
 
 
@@ -77,9 +78,10 @@ def _offenders(pattern: re.Pattern[str], home: set[str], text=_code) -> list[str
 
 # ------------------------------------------------------------------ dtype names and layouts
 
-def test_named_dtype_sets_are_written_once():
+def test_named_dtype_and_padding_sets_are_written_once():
     homes = {"KERNEL_DTYPES": "nkilib_msda/hardware.py", "TWO_BYTE_FLOAT_DTYPES": "nkilib_msda/hardware.py",
-             "FLOAT_DTYPE_NAMES": "nkilib_msda/validation/msda.py"}
+             "FLOAT_DTYPE_NAMES": "nkilib_msda/validation/msda.py",
+             "KERNEL_PADDING_MODES": "nkilib_msda/validation/msda.py"}
     found = []
     for path in _files():
         for line, values in _string_collections(path):

@@ -37,7 +37,7 @@ from nkilib_msda.backends.protocol import (
     NEURON_DEVICE_TYPES, Capabilities, capability_reason, device_reason)
 from nkilib_msda.hardware import KERNEL_DTYPES
 from nkilib_msda.validation.arrays import to_numpy, to_torch
-from nkilib_msda.validation.msda import MSDAProblem, dtype_name
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem, dtype_name
 
 __all__ = ["NAME", "CAPABILITIES", "is_available", "unsupported_reason",
            "backward_unsupported_reason", "msda_forward",
@@ -56,7 +56,7 @@ NAME = "nki"
 CAPABILITIES = Capabilities(
     # CPU tensors run in the emulator; TorchNeuron's device runs the kernels.
     device_types=("cpu", *NEURON_DEVICE_TYPES), default_for=NEURON_DEVICE_TYPES,
-    dtypes=KERNEL_DTYPES, padding_modes=("zeros", "border"),
+    dtypes=KERNEL_DTYPES, padding_modes=KERNEL_PADDING_MODES,
     always_deterministic=True,  # fixed-order reduction of grad_value
     block_attn_res_dtypes=KERNEL_DTYPES,
     device_note=" (CPU tensors run in the emulator, TorchNeuron 'neuron' tensors on the device)")

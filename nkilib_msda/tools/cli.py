@@ -14,6 +14,7 @@ from nkilib_msda._env import EnvironmentVariableError, read_env, validate_enviro
 from nkilib_msda._version import __version__
 from nkilib_msda.hardware import KERNEL_DTYPES
 from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, VALUE_LAYOUTS
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--value-layout", choices=VALUE_LAYOUTS, help="default: the preset's")
     check.add_argument("--locations-layout", choices=LOCATION_LAYOUTS, help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
-    check.add_argument("--padding-mode", default="zeros", choices=["zeros", "border"])
+    check.add_argument("--padding-mode", default="zeros", choices=KERNEL_PADDING_MODES)
     check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
                        choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
                                             "else 1; now %(default)s)")

@@ -16,7 +16,9 @@ from typing import Any, Sequence
 from nkilib_msda.validation.layouts import (LOCATION_DIMS, LOCATION_LAYOUTS, VALUE_DIMS, VALUE_LAYOUTS,
                                             arrange, dims_text, level_starts)
 
-PADDING_MODES = ("zeros", "border", "reflection")
+# The padding modes the device kernels (NKI, Triton) implement; reflection is the references' alone.
+KERNEL_PADDING_MODES = ("zeros", "border")
+PADDING_MODES = (*KERNEL_PADDING_MODES, "reflection")
 # Every float dtype the host API takes (the device kernels' are nkilib_msda.hardware.KERNEL_DTYPES).
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 

@@ -34,7 +34,7 @@ from nkilib_msda.backends.triton.plan import (  # noqa: F401 - the planning name
     INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_samples_backward,
     with_configs)
 from nkilib_msda.hardware import KERNEL_DTYPES
-from nkilib_msda.validation.msda import MSDAProblem, dtype_name
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem, dtype_name
 
 DETERMINISTIC_ENV = "NKILIB_MSDA_DETERMINISTIC"
 
@@ -42,7 +42,7 @@ NAME = "triton"
 CAPABILITIES = Capabilities(
     # CPU tensors only under the Triton interpreter (tests): see _device_reason.
     device_types=("cuda", "cpu"), default_for=("cuda",), dtypes=KERNEL_DTYPES,
-    padding_modes=("zeros", "border"),
+    padding_modes=KERNEL_PADDING_MODES,
     always_deterministic=False)  # atomics by default; deterministic=True sorts and reduces
 
 

@@ -62,7 +62,7 @@ from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
 from nkilib_msda.hardware import KERNEL_DTYPES
-from nkilib_msda.validation.msda import MSDAProblem, dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem, dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention", "plan_forward_from_args"]
 
@@ -76,7 +76,7 @@ def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: A
     problem = validate_msda_args(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
         value_layout, sampling_locations_layout, align_corners, padding_mode,
-        padding_modes=("zeros", "border"))
+        padding_modes=KERNEL_PADDING_MODES)
     for name, t in (("value", value), ("sampling_locations", sampling_locations),
                     ("attention_weights", attention_weights)):
         if dtype_name(t.dtype) not in KERNEL_DTYPES:

@@ -44,7 +44,7 @@ from nkilib_msda.experimental.deformable_attention.backward_gather import Corner
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
-from nkilib_msda.validation.msda import dtype_name, validate_msda_args
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
 
@@ -175,7 +175,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     """
     problem = validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
                                  attention_weights, value_layout, sampling_locations_layout, align_corners,
-                                 padding_mode, grad_output=grad_output, padding_modes=("zeros", "border"))
+                                 padding_mode, grad_output=grad_output, padding_modes=KERNEL_PADDING_MODES)
     lnc, core = core_info()
     vdt = dtype_name(value.dtype)
     buffers_per_core = None

@@ -55,7 +55,7 @@ from nkilib_msda.hardware import (
     PSUM_BYTES)
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.hardware import KERNEL_DTYPES, TWO_BYTE_FLOAT_DTYPES
-from nkilib_msda.validation.msda import MSDAProblem
+from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem
 
 __all__ = [
     "ForwardConfig", "QueryTile", "ReduceGroup", "plan_forward", "TRN2_SBUF_BUDGET",
@@ -357,7 +357,7 @@ def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     """Choose the forward tiling for ``problem`` (see the module docstring)."""
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc}")
-    if problem.padding_mode not in ("zeros", "border"):
+    if problem.padding_mode not in KERNEL_PADDING_MODES:
         raise ValueError(f"padding_mode: expected 'zeros' or 'border' for the NKI kernel, "
                          f"got {problem.padding_mode!r}")
     rows = problem.total_pixels * problem.num_heads
