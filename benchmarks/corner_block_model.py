@@ -1,0 +1,170 @@
+"""Corner-block value layout vs today's four-corner gather: the analytic DMA model (issue 30, item 4).
+
+For the side-by-side shapes (``benchmarks/msda_side_by_side.py`` SHAPES) prints, per direction
+and LNC, the per-core counts of each design (indirect descriptors, software-DGE instructions,
+bytes, HBM scratch) and the modelled time under every scenario structure (nominal / spread /
+serial) and parameter set (nominal / swdge-bound / descriptor-bound / low / high), priced with
+the timing model's formulas and ranges by
+``nkilib_msda.experimental.deformable_attention.plan.corner_plan``. The ``emulator`` column is
+our kernel's cached nominal estimate (``msda_side_by_side.json``), to check the analytic
+four-corner row against the timing model's full schedule.
+
+Usage::
+
+    python benchmarks/corner_block_model.py [--shapes basic tsa-small ...] [--lnc 1 2]
+        [--directions fwd bwd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from msda_side_by_side import DEFAULT_JSON, SHAPES  # noqa: E402
+
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (  # noqa: E402
+    DESIGNS_BWD, DESIGNS_FWD, PARAMETER_SETS, STRUCTURES, Phase, backward_phases,
+    choose_forward_layout, forward_phases, modelled_us, robust_ratio, scratch_bytes)
+from nkilib_msda.validation.msda import MSDAProblem  # noqa: E402
+from nkilib_msda.workloads import MSDACase  # noqa: E402
+
+DEFAULT_SHAPES = ("basic", "decoder-small", "tsa-small", "sca-small", "decoder-base", "tsa-base",
+                  "sca-base")
+
+
+def problem_of(case: MSDACase) -> MSDAProblem:
+    return MSDAProblem(
+        batch=case.batch, num_queries=case.num_queries, num_heads=case.num_heads,
+        head_dim=case.head_dim, num_levels=case.num_levels, num_points=case.num_points,
+        spatial_shapes=tuple(case.spatial_shapes), level_start_index=case.level_start_index,
+        value_layout=case.value_layout, sampling_locations_layout=case.locations_layout,
+        align_corners=case.align_corners, padding_mode=case.padding_mode)
+
+
+def _counts(phases: list[Phase]) -> tuple[float, float, float]:
+    """(indirect descriptors, software-DGE instructions, DMA bytes) of one core."""
+    desc = sum(t.descriptors for ph in phases for t in ph.transfers if t.swdge)
+    inst = sum(t.instructions for ph in phases for t in ph.transfers if t.swdge)
+    nbytes = sum(t.nbytes for ph in phases for t in ph.transfers)
+    return desc, inst, nbytes
+
+
+def _emulator_estimate(shape: str, direction: str, lnc: int) -> str:
+    try:
+        runs = json.loads(DEFAULT_JSON.read_text())["runs"]
+        return f"{runs[f'ours/{direction}/{shape}/lnc{lnc}']['timing']['estimate_us']:,.0f}"
+    except (OSError, KeyError, TypeError, ValueError):
+        return "-"
+
+
+def table(shapes: list[str], lncs: list[int], direction: str) -> list[str]:
+    designs = DESIGNS_FWD if direction == "fwd" else DESIGNS_BWD
+    make = forward_phases if direction == "fwd" else backward_phases
+    lines = [f"### {direction}", "",
+             "| shape | LNC | design | indirect desc / core | SWDGE instr | DMA MB | scratch / value "
+             "| emulator µs | nominal µs | " + " | ".join(f"{s} worst" for s in STRUCTURES)
+             + " | robust ratio (where) |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(STRUCTURES) + "---|"]
+    for name in shapes:
+        case = SHAPES[name]
+        p = problem_of(case)
+        value_bytes = p.batch * p.total_pixels * p.num_heads * p.head_dim * 2
+        for lnc in lncs:
+            base = make(p, "bfloat16", lnc, "four-corner")
+            for d in designs:
+                ph = make(p, "bfloat16", lnc, d)
+                desc, inst, nbytes = _counts(ph)
+                per_struct = []
+                for st in STRUCTURES:
+                    worst = max(modelled_us(ph, lnc, st, ps) / modelled_us(base, lnc, st, ps)
+                                for ps in PARAMETER_SETS)
+                    per_struct.append(f"{worst:.2f}")
+                ratio, where = robust_ratio(ph, base, lnc)
+                emu = _emulator_estimate(name, direction, lnc) if d == "four-corner" else ""
+                lines.append(
+                    f"| {name} | {lnc} | {d} | {desc:,.0f} | {inst:,.0f} | {nbytes / 1e6:,.1f} | "
+                    f"{scratch_bytes(p, 'bfloat16', d) / value_bytes:.2f} | {emu} | "
+                    f"{modelled_us(ph, lnc):,.0f} | " + " | ".join(per_struct)
+                    + f" | {ratio:.2f} ({where}) |")
+    return lines
+
+
+def detail(shape: str, lnc: int, direction: str) -> list[str]:
+    """Modelled µs of every design under every scenario for one shape."""
+    p = problem_of(SHAPES[shape])
+    designs = DESIGNS_FWD if direction == "fwd" else DESIGNS_BWD
+    make = forward_phases if direction == "fwd" else backward_phases
+    lines = [f"#### {shape} {direction} LNC {lnc}: modelled µs per scenario", "",
+             "| scenario | " + " | ".join(designs) + " |", "|---|" + "---|" * len(designs)]
+    phases = {d: make(p, "bfloat16", lnc, d) for d in designs}
+    for st in STRUCTURES:
+        for ps in PARAMETER_SETS:
+            lines.append(f"| {st}/{ps} | " + " | ".join(
+                f"{modelled_us(phases[d], lnc, st, ps):,.0f}" for d in designs) + " |")
+    return lines
+
+
+def emulator_check(shape: str, lnc: int, direction: str) -> list[str]:
+    """Run today's kernel in the emulator (report=True) and compare its timing-model schedule,
+    re-evaluated at each parameter set, with the analytic four-corner row (nominal structure:
+    the only one the emulator's model has)."""
+    import os
+    os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
+    from nkilib_msda.experimental.deformable_attention import (
+        ms_deformable_attention, ms_deformable_attention_bwd)
+    from nkilib_msda.experimental.deformable_attention.plan.corner_plan import scenario_params
+    from nkilib_msda.simulator import simulate
+    from nkilib_msda.workloads import make_grad_output, make_inputs
+
+    case = SHAPES[shape]
+    args = make_inputs(case, seed=0)
+    if direction == "fwd":
+        _, report = simulate(ms_deformable_attention, lnc=lnc, report=True)(**args)
+        phases = forward_phases(problem_of(case), "bfloat16", lnc, "four-corner")
+    else:
+        *_, report = simulate(ms_deformable_attention_bwd, lnc=lnc, report=True)(
+            make_grad_output(case, seed=0), **args)
+        phases = backward_phases(problem_of(case), "bfloat16", lnc, "four-corner")
+    lines = [f"#### emulator vs analytic, four-corner, {shape} {direction} LNC {lnc} (µs)", "",
+             "| parameters | emulator (timing model) | analytic | analytic / emulator |",
+             "|---|---|---|---|"]
+    for ps in PARAMETER_SETS:
+        emu = report.timing.evaluate(scenario_params("nominal", ps))
+        ana = modelled_us(phases, lnc, "nominal", ps)
+        lines.append(f"| {ps} | {emu:,.0f} | {ana:,.0f} | {ana / emu:.2f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=sorted(SHAPES))
+    ap.add_argument("--lnc", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    ap.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    ap.add_argument("--detail", nargs="*", default=["basic", "decoder-small"],
+                    help="shapes to print per-scenario times for (LNC 2)")
+    ap.add_argument("--check-emulator", nargs="*", default=[], metavar="SHAPE",
+                    help="also run today's kernel on these shapes in the emulator (LNC 2)")
+    args = ap.parse_args(argv)
+    out: list[str] = []
+    for shape in args.check_emulator:
+        for direction in args.directions:
+            out += emulator_check(shape, 2, direction) + [""]
+    for direction in args.directions:
+        out += table(args.shapes, args.lnc, direction) + [""]
+        for shape in args.detail:
+            out += detail(shape, 2, direction) + [""]
+    out.append("### Planner decision (forward, `choose_forward_layout`)")
+    out.append("")
+    for name in args.shapes:
+        p = problem_of(SHAPES[name])
+        out.append(f"- {name}: " + ", ".join(
+            f"LNC {lnc} {choose_forward_layout(p, 'bfloat16', lnc)}" for lnc in args.lnc))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
