@@ -58,6 +58,8 @@ from typing import Any, Optional
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.deformable_attention import _sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention import corner_blocks as cb
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import resolve_gather_layout
 from nkilib_msda.experimental.kernel_commons import core_info
 from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
@@ -71,7 +73,8 @@ def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: A
                        value_layout: str = "BLNC", sampling_locations_layout: str = "BQHLP2",
                        align_corners: bool = False, padding_mode: str = "zeros",
                        max_indices_per_indirect: Optional[int] = None,
-                       gather_method: str = "transpose", lnc: int = 1) -> ForwardConfig:
+                       gather_method: str = "transpose", lnc: int = 1,
+                       gather_layout: str = "four-corner") -> ForwardConfig:
     """Validate the arguments and return the kernel's tiling plan (plain Python; no NKI)."""
     problem = validate_msda_args(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
@@ -82,9 +85,11 @@ def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: A
         if dtype_name(t.dtype) not in KERNEL_DTYPES:
             raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 for the NKI "
                             f"kernel, got {dtype_name(t.dtype)}")
-    return plan_forward(problem, dtype_name(value.dtype), lnc=lnc,
-                                gather_method=gather_method,
-                                max_indices_per_indirect=max_indices_per_indirect)
+    vdt = dtype_name(value.dtype)
+    return plan_forward(problem, vdt, lnc=lnc, gather_method=gather_method,
+                        max_indices_per_indirect=max_indices_per_indirect,
+                        corner_blocks=resolve_gather_layout(gather_layout, problem, vdt, lnc,
+                                                            gather_method))
 
 
 class _Buffers:
@@ -262,6 +267,9 @@ def _prepare_tile(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, tile: A
                   locations: Any, attention_weights: Any, oob_row: float) -> None:
     """Tile ``index``'s corner weights, bits and row indices into its per-tile buffers; on the
     transpose path the indices end in the order the gathers read them (tidx)."""
+    if cfg.corner_blocks:
+        cb.prepare_corner_tile(buf, cfg, index, b, tile, locations, attention_weights, oob_row)
+        return
     slot = index % cfg.tile_bufs
     rows = buf.rows[slot % len(buf.rows)]
     _coordinate_phase(buf, rows, buf.weights[slot], buf.bits[slot], cfg, locations,
@@ -292,7 +300,10 @@ def _gather_and_reduce(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, ti
     for gi, grp in enumerate(cfg.reduce_groups(tile.q_pack)):
         gbuf = gi % cfg.gather_bufs
         prod = buf.prod[gbuf]
-        if transpose:
+        if cfg.corner_blocks:
+            cb.gather_corner_blocks(buf, buf.tidx[slot], prod, weights, cfg, value_rows,
+                                    b * rows_per_batch * 4 * p.head_dim, grp, counters, oob)
+        elif transpose:
             _gather_transpose(buf, buf.tidx[slot], prod, weights, bits, cfg, value_rows,
                               batch_offset, grp, counters, oob)
         else:
@@ -307,7 +318,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
                             attention_weights, value_layout="BLNC",
                             sampling_locations_layout="BQHLP2", align_corners=False,
                             padding_mode="zeros", max_indices_per_indirect=None,
-                            gather_method="transpose"):
+                            gather_method="transpose", gather_layout="four-corner"):
     """Multi-scale deformable attention forward: bilinear samples of every level, weighted and
     summed per (query, head).
 
@@ -339,6 +350,11 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             the transpose path ``cap // 128`` index columns per ``dma_transpose``.
         gather_method (str): "transpose" (default; 2-byte values, float32 values fall back to
             "copy") or "copy".
+        gather_layout (str): "four-corner" (default: one descriptor per corner), "corner-block"
+            (build a scratch of 2x2 corner cells first, ~4x value bytes of shared HBM, then one
+            descriptor per sample; transpose gather, 2-byte values, C_h <= 32) or "auto" (the
+            planner's modelled choice, ``plan/corner_plan.py``). docs/kernels.md,
+            "Corner-block value layout".
 
     Returns:
         HBM tensor (B, N_q, N_h * C_h) in value's dtype (shared HBM): per (query, head), the
@@ -375,13 +391,18 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
     cfg = plan_forward_from_args(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, value_layout, sampling_locations_layout,
                              align_corners, padding_mode, max_indices_per_indirect,
-                             gather_method, lnc)
+                             gather_method, lnc, gather_layout)
     p: MSDAProblem = cfg.problem
     out = nl.ndarray(p.output_shape, dtype=value.dtype, buffer=nl.shared_hbm, name="msda_out")
     rows_per_batch = p.total_pixels * p.num_heads
     value_rows = value.reshape((p.batch * rows_per_batch, p.head_dim))
     buf = _Buffers(cfg, value.dtype)
-    smp.build_head_offsets(buf.head_off, buf.head_ints, p, cfg.q_pack)
+    if cfg.corner_blocks:  # gathers read the corner-block scratch: (B * cells * N_h, 4 C_h)
+        value_rows = cb.build_corner_blocks(value, cfg, core)
+        rows_per_batch = value_rows.shape[0] // p.batch
+        cb.build_head_offsets(buf, p, cfg.q_pack)
+    else:
+        smp.build_head_offsets(buf.head_off, buf.head_ints, p, cfg.q_pack)
     q_lo, q_hi = cfg.core_range(core)
     transpose = cfg.gather_method == "transpose"
     if transpose and any(t.partitions < PARTITIONS for t in cfg.tiles(q_lo, q_hi)):

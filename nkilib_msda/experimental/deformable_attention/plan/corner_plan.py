@@ -30,14 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from nkilib_msda.hardware import DMA_ENGINES, DTYPE_BYTES, PARTITIONS, PARTITIONS_PER_DMA_ENGINE
+from nkilib_msda.hardware import (DMA_ENGINES, DTYPE_BYTES, FP32_EXACT_INT_MAX, PARTITIONS,
+                                  PARTITIONS_PER_DMA_ENGINE)
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = [
     "DESIGNS_FWD", "DESIGNS_BWD", "STRUCTURES", "PARAMETER_SETS", "MAX_SCRATCH_RATIO",
     "Transfer", "Phase", "forward_phases", "backward_phases", "modelled_us", "scenario_params",
     "scratch_bytes", "corner_cells", "cell_starts", "robust_ratio", "choose_forward_layout",
-    "corner_block_supported",
+    "corner_block_supported", "build_chunk_cells", "build_sbuf_bytes", "resolve_gather_layout",
+    "GATHER_LAYOUTS", "BUILD_SBUF_BYTES", "BUILD_BUFFER_SETS",
 ]
 
 DESIGNS_FWD = ("four-corner", "corner-block", "x-pair")
@@ -46,6 +48,11 @@ STRUCTURES = ("nominal", "spread", "serial")
 PARAMETER_SETS = ("nominal", "swdge-bound", "descriptor-bound", "low", "high")
 # Issue 30's bound on the extra HBM scratch of a layout change, in value bytes.
 MAX_SCRATCH_RATIO = 5.0
+GATHER_LAYOUTS = ("four-corner", "corner-block", "auto")
+# SBUF per partition of the corner-block build pass (BUILD_BUFFER_SETS sets, so loading one
+# chunk overlaps copying the previous one); the forward planner reserves it.
+BUILD_SBUF_BYTES = 32 * 1024
+BUILD_BUFFER_SETS = 2
 
 # Forward Vector work per gathered corner column and partition, in Vector cycles per channel
 # (timing-model formulas, docs/timing.md): the weight multiply reading PSUM (N), the bitwise
@@ -129,9 +136,32 @@ def _value_elements(p: MSDAProblem) -> int:
     return p.batch * p.total_pixels * p.num_heads * p.head_dim
 
 
+def build_chunk_cells(problem: MSDAProblem, value_dtype: str) -> int:
+    """Cells per build step (x extent of one chunk, 0: none fits): two buffer sets of two value
+    row tiles ``(xw + 1, N_h, C_h)`` and one cell tile ``(xw, N_h, 4, C_h)`` within
+    BUILD_SBUF_BYTES per partition."""
+    row = problem.num_heads * problem.head_dim * DTYPE_BYTES[value_dtype]
+    per_set = BUILD_SBUF_BYTES // BUILD_BUFFER_SETS
+    xw = (per_set // row - 2) // 6  # 2 (xw + 1) + 4 xw rows of N_h * C_h
+    return max(0, min(xw, max(w for _, w in problem.spatial_shapes) + 1))
+
+
+def build_sbuf_bytes(problem: MSDAProblem, value_dtype: str) -> int:
+    """SBUF bytes per partition of the build pass's tiles (all sets)."""
+    xw = build_chunk_cells(problem, value_dtype)
+    row = problem.num_heads * problem.head_dim * DTYPE_BYTES[value_dtype]
+    return BUILD_BUFFER_SETS * row * (2 * (xw + 1) + 4 * xw)
+
+
 def corner_block_supported(problem: MSDAProblem, value_dtype: str) -> bool:
-    """The indirect transpose gathers one ``4 * C_h`` run: 2-byte data, ``4 * C_h <= 128``."""
-    return DTYPE_BYTES[value_dtype] == 2 and 4 * problem.head_dim <= PARTITIONS
+    """Whether the corner-block forward can run: 2-byte data and ``4 * C_h`` channels that a
+    whole number of indirect transposes stack into 128 partitions (``(128 // C_h) % 4 == 0``,
+    so C_h <= 32), a build chunk that fits, and fp32-exact cell row indices."""
+    p = problem
+    rows = p.batch * corner_cells(p) * p.num_heads
+    return (DTYPE_BYTES[value_dtype] == 2 and 4 * p.head_dim <= PARTITIONS
+            and (PARTITIONS // p.head_dim) % 4 == 0 and build_chunk_cells(p, value_dtype) >= 1
+            and rows < FP32_EXACT_INT_MAX)
 
 
 def scratch_bytes(problem: MSDAProblem, value_dtype: str, design: str) -> int:
@@ -327,3 +357,23 @@ def choose_forward_layout(problem: MSDAProblem, value_dtype: str, lnc: int,
     ratio, _ = robust_ratio(forward_phases(problem, value_dtype, lnc, "corner-block"),
                             forward_phases(problem, value_dtype, lnc, "four-corner"), lnc, target)
     return "corner-block" if ratio < 1.0 else "four-corner"
+
+
+def resolve_gather_layout(gather_layout: str, problem: MSDAProblem, value_dtype: str, lnc: int,
+                          gather_method: str) -> bool:
+    """True for the corner-block forward: ``gather_layout`` "corner-block" (a ValueError where
+    it cannot run), "auto" (:func:`choose_forward_layout`, transpose gather only) or
+    "four-corner" (False)."""
+    if gather_layout not in GATHER_LAYOUTS:
+        raise ValueError(f"gather_layout: expected one of {list(GATHER_LAYOUTS)}, got {gather_layout!r}")
+    if gather_layout == "four-corner":
+        return False
+    transpose = gather_method == "transpose"
+    if gather_layout == "auto":
+        return transpose and choose_forward_layout(problem, value_dtype, lnc) == "corner-block"
+    if not transpose or not corner_block_supported(problem, value_dtype):
+        raise ValueError(
+            f"gather_layout='corner-block': expected gather_method='transpose', a 2-byte value dtype "
+            f"and C_h <= 32 with (128 // C_h) % 4 == 0, got gather_method={gather_method!r}, "
+            f"value dtype {value_dtype}, C_h={problem.head_dim}")
+    return True

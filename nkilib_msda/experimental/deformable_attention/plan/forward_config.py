@@ -54,6 +54,7 @@ from nkilib_msda.hardware import (
     DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
     PSUM_BYTES)
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import build_sbuf_bytes
 from nkilib_msda.hardware import KERNEL_DTYPES, TWO_BYTE_FLOAT_DTYPES
 from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem
 
@@ -123,6 +124,7 @@ class ForwardConfig:
     tile_bufs: int
     gather_bufs: int
     psum_bufs: int
+    corner_blocks: bool = False   # corner-block value layout (plan/corner_plan.py)
 
     # -- derived sizes ---------------------------------------------------------------------
     @property
@@ -249,6 +251,8 @@ class ForwardConfig:
             out["gathered_t"] = (len(self.channel_tiles) * self.dma_cols_per_instruction
                                  * PARTITIONS * self.value_bytes, self.gather_bufs)
             out["transpose_indices"] = (self.index_words(self.q_pack) * 4, self.tile_bufs)
+        if self.corner_blocks:
+            out["corner_build"] = (build_sbuf_bytes(p, self.value_dtype), 1)
         return out
 
     @property
@@ -286,8 +290,8 @@ def _resolve_gather_method(gather_method: str, value_dtype: str, head_dim: int) 
     return gather_method
 
 
-def _plan_maker(problem: MSDAProblem, value_dtype: str, lnc: int,
-                method: str) -> Callable[[int, int, int, int, int], ForwardConfig]:
+def _plan_maker(problem: MSDAProblem, value_dtype: str, lnc: int, method: str,
+                corner_blocks: bool = False) -> Callable[[int, int, int, int, int], ForwardConfig]:
     """``make(q_pack, group, dma, tile_bufs, gather_bufs)``: one candidate forward plan."""
     c = problem.head_dim
     vbytes = DTYPE_BYTES[value_dtype]
@@ -297,7 +301,7 @@ def _plan_maker(problem: MSDAProblem, value_dtype: str, lnc: int,
         psum_cols = max(1, PSUM_BANK_BYTES // (c * vbytes) // stack) * stack
     base: dict[str, Any] = dict(problem=problem, value_dtype=value_dtype, lnc=lnc, gather_method=method,
                 channel_tiles=_channel_tiles(c) if method == "transpose" else ((0, c),),
-                psum_bufs=2 if method == "transpose" else 0)
+                psum_bufs=2 if method == "transpose" else 0, corner_blocks=corner_blocks)
 
     def make(q_pack: int, group: int, dma: int, tile_bufs: int, gather_bufs: int) -> ForwardConfig:
         dma_cols = 1 if method == "copy" else min(dma * stack, group)
@@ -353,8 +357,10 @@ def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
                  gather_method: str = "transpose",
                  max_indices_per_indirect: Optional[int] = None,
                  sbuf_budget: int = TRN2_SBUF_BUDGET,
-                 max_q_pack: int = MAX_Q_PACK) -> ForwardConfig:
-    """Choose the forward tiling for ``problem`` (see the module docstring)."""
+                 max_q_pack: int = MAX_Q_PACK, corner_blocks: bool = False) -> ForwardConfig:
+    """Choose the forward tiling for ``problem`` (see the module docstring). ``corner_blocks``:
+    plan the corner-block gather (resolved by ``corner_plan.resolve_gather_layout``): its
+    build tiles are reserved and every DMA block holds whole samples (4 columns)."""
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc}")
     if problem.padding_mode not in KERNEL_PADDING_MODES:
@@ -379,11 +385,13 @@ def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     dma_cap = (DEFAULT_DMA_COLS if max_indices_per_indirect == None  # noqa: E711
                else max_indices_per_indirect // PARTITIONS)
     c = problem.head_dim
-    make = _plan_maker(problem, value_dtype, lnc, method)
+    make = _plan_maker(problem, value_dtype, lnc, method, corner_blocks)
+    groups = [g for g in _group_candidates(cps, problem.num_heads, c)
+              if not corner_blocks or g % 4 == 0]
 
     chosen = None
     for tile_bufs, gather_bufs in ((2, 2), (1, 2), (1, 1)):
-        for group in _group_candidates(cps, problem.num_heads, c):
+        for group in groups:
             dma = dma_cap
             while dma >= 1:
                 cfg = make(1, group, dma, tile_bufs, gather_bufs)
