@@ -139,6 +139,35 @@ def emulator_check(shape: str, lnc: int, direction: str) -> list[str]:
     return lines
 
 
+def measure(shape: str, lnc: int) -> str:
+    """Run the forward with both gather layouts in the emulator (report=True), check both
+    against the float64 reference, and return one markdown row: modelled µs per parameter set
+    (nominal structure, the emulator's timing model) and the ratio corner-block / four-corner."""
+    import os
+    os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+    from nkilib_msda.experimental.deformable_attention.plan.corner_plan import scenario_params
+    from nkilib_msda.reference import ms_deformable_attention_ref
+    from nkilib_msda.simulator import simulate
+    from nkilib_msda.workloads import compare, make_inputs, tolerance
+
+    case = SHAPES[shape]
+    args = make_inputs(case, seed=0)
+    ref = ms_deformable_attention_ref(**args)
+    times, desc, ok = {}, {}, True
+    for layout in ("four-corner", "corner-block"):
+        out, rep = simulate(ms_deformable_attention, lnc=lnc, report=True)(**args, gather_layout=layout)
+        ok = ok and compare("output", out, ref, tolerance("output", case.value_dtype)).ok
+        times[layout] = {ps: rep.timing.evaluate(scenario_params("nominal", ps)) for ps in PARAMETER_SETS}
+        desc[layout] = sum(v.descriptors for (k, _), v in rep.dma.items() if k.startswith("indirect"))
+    a, b = times["four-corner"], times["corner-block"]
+    ratios = {ps: b[ps] / a[ps] for ps in PARAMETER_SETS}
+    worst = max(ratios, key=lambda k: ratios[k])
+    return (f"| {shape} | {lnc} | {desc['four-corner']:,} / {desc['corner-block']:,} | "
+            + " | ".join(f"{a[ps]:,.0f} / {b[ps]:,.0f}" for ps in PARAMETER_SETS)
+            + f" | {ratios['nominal']:.2f} | {ratios[worst]:.2f} ({worst}) | {'yes' if ok else 'NO'} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=sorted(SHAPES))
@@ -148,8 +177,21 @@ def main(argv: list[str] | None = None) -> None:
                     help="shapes to print per-scenario times for (LNC 2)")
     ap.add_argument("--check-emulator", nargs="*", default=[], metavar="SHAPE",
                     help="also run today's kernel on these shapes in the emulator (LNC 2)")
+    ap.add_argument("--measure", nargs="*", default=[], metavar="SHAPE",
+                    help="run the forward of these shapes with both layouts in the emulator")
     args = ap.parse_args(argv)
     out: list[str] = []
+    if args.measure:
+        out += ["### Emulator: four-corner / corner-block forward, modelled µs (nominal structure)", "",
+                "| shape | LNC | indirect desc | " + " | ".join(PARAMETER_SETS)
+                + " | ratio nominal | worst ratio | both correct |",
+                "|---|---|---|" + "---|" * len(PARAMETER_SETS) + "---|---|---|"]
+        for shape in args.measure:
+            for lnc in args.lnc:
+                out.append(measure(shape, lnc))
+                print(out[-1], file=sys.stderr, flush=True)
+        print("\n".join(out))
+        return
     for shape in args.check_emulator:
         for direction in args.directions:
             out += emulator_check(shape, 2, direction) + [""]

@@ -7,12 +7,14 @@ holds the corners ``v(x, y), v(x+1, y), v(x, y+1), v(x+1, y+1)`` of head h, out-
 stored as zeros; the last cell of each batch is all zeros. A sample whose floor lies outside
 ``[-1, W-1] x [-1, H-1]`` (or whose coordinate is NaN) reads the zero cell.
 
-- **Build** (before any gather): per chunk of up to 128 image rows ``r`` (partitions) and
-  ``xw`` cells, two DMAs bring rows ``r`` and ``r + 1`` of every head as long runs (``(xw + 1)
-  * N_h * C_h`` elements, zero where outside the map), four on-chip copies (Vector and GpSimd,
-  bit-accurate for equal dtypes) interleave them into ``(xw, N_h, 4, C_h)`` cells, one DMA
-  stores them as one run per partition. Cell row ``y = -1`` is a 1-partition chunk whose top
-  row is zero. LNC 2: the cores take alternate chunks, then ``core_barrier`` (both read all).
+- **Build** (before any gather): per chunk of up to 128 cell rows ``y`` (partitions, from
+  y = -1) and ``xw`` cells, two DMAs bring image rows ``y`` and ``y + 1`` of every head as long
+  runs (``(xw + 1) * N_h * C_h`` elements, zero where outside the map), four on-chip copies
+  (Vector and GpSimd, bit-accurate for equal dtypes) interleave them into ``(xw, N_h, 4, C_h)``
+  cells, one DMA stores them as one run per partition. Loads and stores use hardware DGE on
+  different queues (Sync, Scalar) so a store waiting for its copies never holds back the next
+  loads; two buffer sets alternate. LNC 2: the cores take alternate chunks, then
+  ``core_barrier`` (both cores read every cell).
 - **Gather**: per DMA block of whole samples, ``128 // (4 * C_h)`` indirect ``dma_transpose``
   instructions, each moving one ``4 * C_h`` run per index into partitions ``[j * 4 C_h, (j+1) *
   4 C_h)``; that is the partition layout of today's ``stack`` per-corner transposes, so the PE
@@ -42,49 +44,67 @@ from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (
     BUILD_BUFFER_SETS, build_chunk_cells, cell_starts, corner_cells)
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier
 
-__all__ = ["build_chunks", "build_corner_blocks", "build_head_offsets", "prepare_corner_tile",
+__all__ = ["build_chunks", "scratch_rows_per_batch", "build_corner_blocks", "build_head_offsets", "prepare_corner_tile",
            "gather_corner_blocks"]
 
 
-def build_chunks(p: Any, xw: int) -> list[tuple[int, int, int, int, int]]:
-    """(batch, level, first image row r0, rows, first cell x0) of every build chunk; the
-    chunk covers cell rows [r0, r0 + rows) and cells [x0, min(x0 + xw, W)) (x0 from -1)."""
+def build_chunks(p: Any, xw: int) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
+    """(batch, level, first cell row y0, rows, strip starts x0) of every build chunk. A strip
+    is cell rows [y0, y0 + rows) x cells [x0, min(x0 + xw, W)) (y0, x0 from -1); a chunk stacks
+    ``128 // rows`` strips of one row band on the partitions (strip i on [i * rows, (i+1) *
+    rows)), so small maps still use all 128 partitions (and all 16 DMA engines)."""
     out = []
     for b in range(p.batch):
         for level, (height, width) in enumerate(p.spatial_shapes):
-            row_chunks = [(-1, 1)] + [(r, min(PARTITIONS, height - r))
-                                      for r in range(0, height, PARTITIONS)]
-            for r0, rows in row_chunks:
-                for x0 in range(-1, width, xw):
-                    out.append((b, level, r0, rows, x0))
+            for y0 in range(-1, height, PARTITIONS):
+                rows = min(PARTITIONS, height - y0)
+                strips = tuple(range(-1, width, xw))
+                per = PARTITIONS // rows
+                for i in range(0, len(strips), per):
+                    out.append((b, level, y0, rows, strips[i:i + per]))
     return out
 
 
+def scratch_rows_per_batch(p: Any) -> int:
+    """Rows of ``4 * C_h`` elements of one batch of the scratch: cells * N_h."""
+    return corner_cells(p) * p.num_heads
+
+
+def _strip_edges(p: Any, level: int, r0: int, rows: int, x0: int, xw: int) -> bool:
+    """Whether the strip's tile of image rows [r0, r0 + rows) and pixels [x0, x0 + xw] reaches
+    outside the map (then the tile is zeroed before the load)."""
+    height, width = p.spatial_shapes[level]
+    return r0 < 0 or r0 + rows > height or x0 < 0 or x0 + xw > width - 1
+
+
 def _load_rows(tile: Any, value: Any, p: Any, b: int, level: int, r0: int, rows: int, x0: int,
-               cells: int, xw: int) -> None:
-    """tile[q] = image rows r0 + q (q < rows) of pixels [x0, x0 + cells] of every head, zero
-    outside the map. BLNC tile layout (xw + 1, N_h, C_h); BNLC (N_h, xw + 1, C_h)."""
+               xw: int, part0: int) -> None:
+    """tile[part0 + q] = image row r0 + q (q < rows) of pixels [x0, x0 + xw] of every head
+    where inside the map (the caller zeroes the rest; r0 >= -1: only the first partition can
+    lie above the map). BLNC tile layout (xw + 1, N_h, C_h); BNLC (N_h, xw + 1, C_h). Loads
+    use the hardware DGE of the Sync queue, so they never wait behind the stores (Scalar
+    queue)."""
     height, width = p.spatial_shapes[level]
     c, n_h = p.head_dim, p.num_heads
+    q0 = max(0, -r0)                                  # first partition inside the map
     valid_rows = max(0, min(r0 + rows, height) - max(r0, 0))
-    px0, px1 = max(x0, 0), min(x0 + cells, width - 1)
+    px0, px1 = max(x0, 0), min(x0 + xw, width - 1)
     j0, nv = px0 - x0, px1 - px0 + 1
-    if valid_rows < rows or nv < cells + 1:
-        nisa.memset(smp.tile_view(tile, [[1, (xw + 1) * n_h * c]], parts=rows), 0.0)
     if valid_rows == 0 or nv <= 0:
         return
-    start = p.level_start_index[level] + r0 * width + px0  # r0 >= 0 when any row is valid
+    start = p.level_start_index[level] + (r0 + q0) * width + px0
     flat = value.reshape((p.batch * p.total_pixels * n_h * c,))
     if p.value_layout == "BLNC":
         src = flat.ap([[width * n_h * c, valid_rows], [1, nv * n_h * c]],
                       offset=((b * p.total_pixels + start) * n_h) * c)
-        dst = smp.tile_view(tile, [[1, nv * n_h * c]], offset=j0 * n_h * c, parts=valid_rows)
+        dst = smp.tile_view(tile, [[1, nv * n_h * c]], offset=j0 * n_h * c, parts=valid_rows,
+                            first_partition=part0 + q0)
     else:
         src = flat.ap([[width * c, valid_rows], [p.total_pixels * c, n_h], [1, nv * c]],
                       offset=(b * n_h * p.total_pixels + start) * c)
         dst = smp.tile_view(tile, [[(xw + 1) * c, n_h], [1, nv * c]], offset=j0 * c,
-                            parts=valid_rows)
-    nisa.dma_copy(dst=dst, src=src)
+                            parts=valid_rows, first_partition=part0 + q0)
+    nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge)
 
 
 def build_corner_blocks(value: Any, cfg: Any, core: int) -> Any:
@@ -116,23 +136,47 @@ def build_corner_blocks(value: Any, cfg: Any, core: int) -> Any:
         sj, sh = n_h * c, c           # tile strides of a pixel and a head
     else:
         sj, sh = c, (xw + 1) * c
-    for k, (b, level, r0, rows, x0) in enumerate(build_chunks(p, xw)[core::lnc]):
+    chunks = build_chunks(p, xw)[core::lnc]
+
+    def load(k: int) -> None:
+        b, level, y0, rows, strips = chunks[k]
+        top, bot, _ = sets[k % BUILD_BUFFER_SETS]
+        for tile, r0 in ((top, y0), (bot, y0 + 1)):
+            if any(_strip_edges(p, level, r0, rows, x0, xw) for x0 in strips):
+                nisa.memset(smp.tile_view(tile, [[1, (xw + 1) * n_h * c]], parts=rows * len(strips)),
+                            0.0)
+            for i, x0 in enumerate(strips):
+                _load_rows(tile, value, p, b, level, r0, rows, x0, xw, i * rows)
+
+    def assemble_and_store(k: int) -> None:
+        b, level, y0, rows, strips = chunks[k]
         top, bot, out = sets[k % BUILD_BUFFER_SETS]
         width = p.spatial_shapes[level][1]
-        cells = min(xw, width - x0)
-        _load_rows(top, value, p, b, level, r0, rows, x0, cells, xw)
-        _load_rows(bot, value, p, b, level, r0 + 1, rows, x0, cells, xw)
-        for corner in range(4):
+        for corner in range(4):  # every strip at once: xw cells (a short last strip stores fewer)
             dy, dx = divmod(corner, 2)
             nisa.tensor_copy(
-                dst=smp.tile_view(out, [[cell_run, cells], [4 * c, n_h], [1, c]], offset=corner * c,
-                                  parts=rows),
-                src=smp.tile_view(bot if dy else top, [[sj, cells], [sh, n_h], [1, c]],
-                                  offset=dx * sj, parts=rows),
+                dst=smp.tile_view(out, [[cell_run, xw], [4 * c, n_h], [1, c]], offset=corner * c,
+                                  parts=rows * len(strips)),
+                src=smp.tile_view(bot if dy else top, [[sj, xw], [sh, n_h], [1, c]],
+                                  offset=dx * sj, parts=rows * len(strips)),
                 engine=engines[corner % 2])
-        first = (b * cells_total + starts[level] + (r0 + 1) * (width + 1) + x0 + 1) * cell_run
-        nisa.dma_copy(dst=flat.ap([[(width + 1) * cell_run, rows], [1, cells * cell_run]], offset=first),
-                      src=smp.tile_view(out, [[1, cells * cell_run]], parts=rows))
+        for i, x0 in enumerate(strips):
+            cells = min(xw, width - x0)
+            first = (b * cells_total + starts[level] + (y0 + 1) * (width + 1) + x0 + 1) * cell_run
+            nisa.dma_copy(dst=flat.ap([[(width + 1) * cell_run, rows], [1, cells * cell_run]],
+                                      offset=first),
+                          src=smp.tile_view(out, [[1, cells * cell_run]], parts=rows,
+                                            first_partition=i * rows),
+                          dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+
+    # Software pipelined in program order: chunk k + 1 is zeroed and loaded before chunk k is
+    # assembled, so the loads overlap the previous chunk's copies and store.
+    if chunks:
+        load(0)
+    for k in range(len(chunks)):
+        if k + 1 < len(chunks):
+            load(k + 1)
+        assemble_and_store(k)
     core_barrier(scratch, lnc)
     return scratch
 

@@ -398,8 +398,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
     value_rows = value.reshape((p.batch * rows_per_batch, p.head_dim))
     buf = _Buffers(cfg, value.dtype)
     if cfg.corner_blocks:  # gathers read the corner-block scratch: (B * cells * N_h, 4 C_h)
-        value_rows = cb.build_corner_blocks(value, cfg, core)
-        rows_per_batch = value_rows.shape[0] // p.batch
+        rows_per_batch = cb.scratch_rows_per_batch(p)
         cb.build_head_offsets(buf, p, cfg.q_pack)
     else:
         smp.build_head_offsets(buf.head_off, buf.head_ints, p, cfg.q_pack)
@@ -417,6 +416,8 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
     ahead = 1 if cfg.pipelined else 0
     for i in range(min(ahead, len(work))):
         _prepare_tile(buf, cfg, i, *work[i], sampling_locations, attention_weights, oob_row)
+    if cfg.corner_blocks:  # after the first tile's coordinates, which do not read the scratch
+        value_rows = cb.build_corner_blocks(value, cfg, core)
     for i, (b, tile) in enumerate(work):
         if i + ahead < len(work):
             _prepare_tile(buf, cfg, i + ahead, *work[i + ahead], sampling_locations,
