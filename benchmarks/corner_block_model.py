@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     out: list[str] = []
     if args.measure:
         out += ["### Emulator: four-corner / corner-block forward, modelled µs (nominal structure)", "",
-                "| shape | LNC | indirect desc | " + " | ".join(PARAMETER_SETS)
+                "| shape | LNC | indirect descriptors (all cores) | " + " | ".join(PARAMETER_SETS)
                 + " | ratio nominal | worst ratio | both correct |",
                 "|---|---|---|" + "---|" * len(PARAMETER_SETS) + "---|---|---|"]
         for shape in args.measure:
