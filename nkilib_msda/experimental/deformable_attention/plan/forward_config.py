@@ -54,7 +54,8 @@ from nkilib_msda.hardware import (
     DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
     PSUM_BYTES)
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.experimental.deformable_attention.plan.corner_plan import build_sbuf_bytes
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (build_sbuf_bytes,
+                                                                          corner_block_supported)
 from nkilib_msda.hardware import KERNEL_DTYPES, TWO_BYTE_FLOAT_DTYPES
 from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem
 
@@ -385,6 +386,10 @@ def plan_forward(problem: MSDAProblem, value_dtype: str, lnc: int = 1,
     dma_cap = (DEFAULT_DMA_COLS if max_indices_per_indirect == None  # noqa: E711
                else max_indices_per_indirect // PARTITIONS)
     c = problem.head_dim
+    if corner_blocks and (method != "transpose" or not corner_block_supported(problem, value_dtype)):
+        raise ValueError(f"corner_blocks: expected the transpose gather of a supported shape "
+                         f"(corner_plan.corner_block_supported), got gather {method!r}, value "
+                         f"dtype {value_dtype}, C_h={c}")
     make = _plan_maker(problem, value_dtype, lnc, method, corner_blocks)
     groups = [g for g in _group_candidates(cps, problem.num_heads, c)
               if not corner_blocks or g % 4 == 0]

@@ -114,3 +114,19 @@ def test_backward_designs() -> None:
         ["zero", "main", "reduce"]
     with pytest.raises(ValueError, match="design"):
         backward_phases(p, "bfloat16", 2, "diagonal")
+
+
+def test_forward_plan_with_corner_blocks() -> None:
+    """The forward plan reserves the build tiles, keeps whole samples per DMA block and
+    refuses an unsupported shape."""
+    from nkilib_msda.experimental.deformable_attention.plan.corner_plan import build_sbuf_bytes
+    from nkilib_msda.experimental.deformable_attention.plan.forward_config import plan_forward
+    p = _problem(n_p=3, shapes=((50, 45), (25, 21), (13, 9)))
+    cfg = plan_forward(p, "bfloat16", lnc=2, corner_blocks=True)
+    assert cfg.corner_blocks and cfg.sbuf_buffers()["corner_build"] == (build_sbuf_bytes(p, "bfloat16"), 1)
+    assert all(d0 % 4 == 0 and dn % 4 == 0 for d0, dn in cfg.dma_blocks(cfg.q_pack))
+    assert "corner_build" not in plan_forward(p, "bfloat16", lnc=2).sbuf_buffers()
+    with pytest.raises(ValueError, match="corner_blocks"):
+        plan_forward(_problem(c_h=64), "bfloat16", corner_blocks=True)
+    with pytest.raises(ValueError, match="corner_blocks"):
+        plan_forward(p, "float32", corner_blocks=True)
