@@ -4,8 +4,7 @@ For the side-by-side shapes (``benchmarks/msda_side_by_side.py`` SHAPES) prints,
 and LNC, the per-core counts of each design (indirect descriptors, software-DGE instructions,
 bytes, HBM scratch) and the modelled time under every scenario structure (nominal / spread /
 serial) and parameter set (nominal / swdge-bound / descriptor-bound / low / high), priced with
-the timing model's formulas and ranges by
-``nkilib_msda.experimental.deformable_attention.plan.corner_plan``. The ``emulator`` column is
+the timing model's formulas and ranges by ``benchmarks/corner_cost.py``. The ``emulator`` column is
 our kernel's cached nominal estimate (``msda_side_by_side.json``), to check the analytic
 four-corner row against the timing model's full schedule.
 
@@ -26,9 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from msda_side_by_side import DEFAULT_JSON, SHAPES  # noqa: E402
 
+from corner_cost import (DESIGNS_BWD, DESIGNS_FWD, PARAMETER_SETS, STRUCTURES,  # noqa: E402
+                         Phase, backward_phases, forward_phases, modelled_us, robust_ratio,
+                         scenario_params)
+
 from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (  # noqa: E402
-    DESIGNS_BWD, DESIGNS_FWD, PARAMETER_SETS, STRUCTURES, Phase, backward_phases,
-    choose_forward_layout, forward_phases, modelled_us, robust_ratio, scratch_bytes)
+    choose_forward_layout, samples_per_cell, scratch_bytes)
 from nkilib_msda.validation.msda import MSDAProblem  # noqa: E402
 from nkilib_msda.workloads import MSDACase  # noqa: E402
 
@@ -116,7 +118,6 @@ def emulator_check(shape: str, lnc: int, direction: str) -> list[str]:
     os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
     from nkilib_msda.experimental.deformable_attention import (
         ms_deformable_attention, ms_deformable_attention_bwd)
-    from nkilib_msda.experimental.deformable_attention.plan.corner_plan import scenario_params
     from nkilib_msda.simulator import simulate
     from nkilib_msda.workloads import make_grad_output, make_inputs
 
@@ -146,7 +147,6 @@ def measure(shape: str, lnc: int) -> str:
     import os
     os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
     from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
-    from nkilib_msda.experimental.deformable_attention.plan.corner_plan import scenario_params
     from nkilib_msda.reference import ms_deformable_attention_ref
     from nkilib_msda.simulator import simulate
     from nkilib_msda.workloads import compare, make_inputs, tolerance
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     out.append("")
     for name in args.shapes:
         p = problem_of(SHAPES[name])
-        out.append(f"- {name}: " + ", ".join(
+        out.append(f"- {name} ({samples_per_cell(p):.2f} samples per cell and head): " + ", ".join(
             f"LNC {lnc} {choose_forward_layout(p, 'bfloat16', lnc)}" for lnc in args.lnc))
     print("\n".join(out))
 

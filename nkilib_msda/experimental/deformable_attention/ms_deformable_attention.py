@@ -352,9 +352,9 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             "copy") or "copy".
         gather_layout (str): "four-corner" (default: one descriptor per corner), "corner-block"
             (build a scratch of 2x2 corner cells first, ~4x value bytes of shared HBM, then one
-            descriptor per sample; transpose gather, 2-byte values, C_h <= 32) or "auto" (the
-            planner's modelled choice, ``plan/corner_plan.py``). docs/kernels.md,
-            "Corner-block value layout".
+            descriptor per sample; transpose gather, 2-byte values, C_h <= 32) or "auto"
+            (corner blocks where supported and there are >= 2 samples per cell and head,
+            ``plan/corner_plan.py``). docs/kernels.md, "Corner-block value layout".
 
     Returns:
         HBM tensor (B, N_q, N_h * C_h) in value's dtype (shared HBM): per (query, head), the
