@@ -43,23 +43,31 @@ from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (
     BUILD_BUFFER_SETS, build_chunk_cells, cell_starts, corner_cells)
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier
+from nkilib_msda.hardware import PARTITIONS_PER_DMA_ENGINE
 
-__all__ = ["build_chunks", "scratch_rows_per_batch", "build_corner_blocks", "build_head_offsets", "prepare_corner_tile",
+__all__ = ["strip_stride", "build_chunks", "scratch_rows_per_batch", "build_corner_blocks", "build_head_offsets", "prepare_corner_tile",
            "gather_corner_blocks"]
+
+
+def strip_stride(rows: int) -> int:
+    """Partitions between stacked strips: ``rows`` rounded up to whole DMA engines (8
+    partitions), so the strips' loads and stores never share an engine's in-order lane."""
+    return min(PARTITIONS, -(-rows // PARTITIONS_PER_DMA_ENGINE) * PARTITIONS_PER_DMA_ENGINE)
 
 
 def build_chunks(p: Any, xw: int) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
     """(batch, level, first cell row y0, rows, strip starts x0) of every build chunk. A strip
     is cell rows [y0, y0 + rows) x cells [x0, min(x0 + xw, W)) (y0, x0 from -1); a chunk stacks
-    ``128 // rows`` strips of one row band on the partitions (strip i on [i * rows, (i+1) *
-    rows)), so small maps still use all 128 partitions (and all 16 DMA engines)."""
+    ``128 // strip_stride(rows)`` strips of one row band on the partitions (strip i from
+    partition ``i * strip_stride(rows)``), so small maps still use most of the 128 partitions
+    (and of the 16 DMA engines)."""
     out = []
     for b in range(p.batch):
         for level, (height, width) in enumerate(p.spatial_shapes):
             for y0 in range(-1, height, PARTITIONS):
                 rows = min(PARTITIONS, height - y0)
                 strips = tuple(range(-1, width, xw))
-                per = PARTITIONS // rows
+                per = PARTITIONS // strip_stride(rows)
                 for i in range(0, len(strips), per):
                     out.append((b, level, y0, rows, strips[i:i + per]))
     return out
@@ -138,27 +146,31 @@ def build_corner_blocks(value: Any, cfg: Any, core: int) -> Any:
         sj, sh = c, (xw + 1) * c
     chunks = build_chunks(p, xw)[core::lnc]
 
+    def parts_of(rows: int, strips: tuple[int, ...]) -> int:
+        return strip_stride(rows) * (len(strips) - 1) + rows
+
     def load(k: int) -> None:
         b, level, y0, rows, strips = chunks[k]
         top, bot, _ = sets[k % BUILD_BUFFER_SETS]
         for tile, r0 in ((top, y0), (bot, y0 + 1)):
             if any(_strip_edges(p, level, r0, rows, x0, xw) for x0 in strips):
-                nisa.memset(smp.tile_view(tile, [[1, (xw + 1) * n_h * c]], parts=rows * len(strips)),
-                            0.0)
+                nisa.memset(smp.tile_view(tile, [[1, (xw + 1) * n_h * c]],
+                                          parts=parts_of(rows, strips)), 0.0)
             for i, x0 in enumerate(strips):
-                _load_rows(tile, value, p, b, level, r0, rows, x0, xw, i * rows)
+                _load_rows(tile, value, p, b, level, r0, rows, x0, xw, i * strip_stride(rows))
 
     def assemble_and_store(k: int) -> None:
         b, level, y0, rows, strips = chunks[k]
         top, bot, out = sets[k % BUILD_BUFFER_SETS]
         width = p.spatial_shapes[level][1]
+        parts = parts_of(rows, strips)  # partitions between strips hold stale (initialised) rows
         for corner in range(4):  # every strip at once: xw cells (a short last strip stores fewer)
             dy, dx = divmod(corner, 2)
             nisa.tensor_copy(
                 dst=smp.tile_view(out, [[cell_run, xw], [4 * c, n_h], [1, c]], offset=corner * c,
-                                  parts=rows * len(strips)),
+                                  parts=parts),
                 src=smp.tile_view(bot if dy else top, [[sj, xw], [sh, n_h], [1, c]],
-                                  offset=dx * sj, parts=rows * len(strips)),
+                                  offset=dx * sj, parts=parts),
                 engine=engines[corner % 2])
         for i, x0 in enumerate(strips):
             cells = min(xw, width - x0)
@@ -166,8 +178,14 @@ def build_corner_blocks(value: Any, cfg: Any, core: int) -> Any:
             nisa.dma_copy(dst=flat.ap([[(width + 1) * cell_run, rows], [1, cells * cell_run]],
                                       offset=first),
                           src=smp.tile_view(out, [[1, cells * cell_run]], parts=rows,
-                                            first_partition=i * rows),
+                                            first_partition=i * strip_stride(rows)),
                           dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+
+    # The gaps between stacked strips are copied but never loaded or stored: zero the row
+    # tiles once so that every partition a copy reads is initialised.
+    for top, bot, _ in sets:
+        for tile in (top, bot):
+            nisa.memset(smp.tile_view(tile, [[1, (xw + 1) * n_h * c]]), 0.0, engine=nisa.engine.gpsimd)
 
     # Software pipelined in program order: chunk k + 1 is zeroed and loaded before chunk k is
     # assembled, so the loads overlap the previous chunk's copies and store.
