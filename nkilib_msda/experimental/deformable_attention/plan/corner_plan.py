@@ -39,7 +39,7 @@ BUILD_BUFFER_SETS = 2
 # "auto" takes the corner-block layout from this many samples per cell and head on: the
 # analytic model's worst ratio over every scenario and band corner is then <= 0.78 at
 # C_h = 16 / 32 (<= 0.67 at C_h = 8, where a lower threshold would do: the rule is
-# conservative for small C_h), and the emulator measured 0.66-0.90 on the encoder
+# conservative for small C_h), and the emulator measured 0.67-0.90 on the encoder
 # shapes (densities 2.6-4.7); decoders (0.09-0.16) lose up to 2.8x
 # (`python benchmarks/corner_block_model.py`, docs/kernels.md).
 AUTO_MIN_SAMPLES_PER_CELL = 2.0
