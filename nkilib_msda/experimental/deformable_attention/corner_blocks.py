@@ -7,14 +7,16 @@ holds the corners ``v(x, y), v(x+1, y), v(x, y+1), v(x+1, y+1)`` of head h, out-
 stored as zeros; the last cell of each batch is all zeros. A sample whose floor lies outside
 ``[-1, W-1] x [-1, H-1]`` (or whose coordinate is NaN) reads the zero cell.
 
-- **Build** (before any gather): per chunk of up to 128 cell rows ``y`` (partitions, from
-  y = -1) and ``xw`` cells, two DMAs bring image rows ``y`` and ``y + 1`` of every head as long
-  runs (``(xw + 1) * N_h * C_h`` elements, zero where outside the map), four on-chip copies
-  (Vector and GpSimd, bit-accurate for equal dtypes) interleave them into ``(xw, N_h, 4, C_h)``
-  cells, one DMA stores them as one run per partition. Loads and stores use hardware DGE on
-  different queues (Sync, Scalar) so a store waiting for its copies never holds back the next
-  loads; two buffer sets alternate. LNC 2: the cores take alternate chunks, then
-  ``core_barrier`` (both cores read every cell).
+- **Build** (after the first tile's coordinates, before any gather): a *strip* is up to 128
+  cell rows ``y`` (partitions, from y = -1) by ``xw`` cells; the strips of one row band stack
+  on the partitions (each from a whole DMA engine, ``strip_stride``). Per chunk, two DMAs per
+  strip bring image rows ``y`` and ``y + 1`` of every head as long runs (``(xw + 1) * N_h *
+  C_h`` elements; the tile is zeroed first where a strip reaches outside the map), four
+  on-chip copies (Vector and GpSimd, bit-accurate for equal dtypes) interleave every strip
+  into ``(xw, N_h, 4, C_h)`` cells, one DMA per strip stores one run per partition. Loads and
+  stores use hardware DGE on different queues (Sync, Scalar); two buffer sets alternate and
+  the next chunk is loaded before the current one is assembled (program order). LNC 2: the
+  cores take alternate chunks, then ``core_barrier`` (both cores read every cell).
 - **Gather**: per DMA block of whole samples, ``128 // (4 * C_h)`` indirect ``dma_transpose``
   instructions, each moving one ``4 * C_h`` run per index into partitions ``[j * 4 C_h, (j+1) *
   4 C_h)``; that is the partition layout of today's ``stack`` per-corner transposes, so the PE
@@ -27,6 +29,7 @@ NKI forms (Neuron docs): indirect ``dma_transpose`` with a 2-D uint32 ``[128, m]
 (<https://awsdocs-neuron.readthedocs-hosted.com/en/v2.30.0/nki/api/generated/nki.isa.dma_transpose.html>);
 direct ``dma_copy`` with access patterns
 (<https://awsdocs-neuron.readthedocs-hosted.com/general/nki/api/generated/nki.isa.dma_copy.html>);
+``dma_copy`` ``dge_mode=hwdge`` with ``engine`` selecting the Sync or Scalar queue (same page);
 ``tensor_copy`` on Vector or GpSimd, bit-accurate for equal dtypes
 (<https://awsdocs-neuron.readthedocs-hosted.com/en/v2.28.1/nki/api/generated/nki.isa.tensor_copy.html>);
 ``memset``, ``tensor_scalar``, ``tensor_tensor`` as in the rest of the kernel.
@@ -45,8 +48,8 @@ from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier
 from nkilib_msda.hardware import PARTITIONS_PER_DMA_ENGINE
 
-__all__ = ["strip_stride", "build_chunks", "scratch_rows_per_batch", "build_corner_blocks", "build_head_offsets", "prepare_corner_tile",
-           "gather_corner_blocks"]
+__all__ = ["strip_stride", "build_chunks", "scratch_rows_per_batch", "build_corner_blocks",
+           "build_head_offsets", "prepare_corner_tile", "gather_corner_blocks"]
 
 
 def strip_stride(rows: int) -> int:
