@@ -44,7 +44,8 @@ PARAMETER_SETS = ("nominal", "swdge-bound", "descriptor-bound", "low", "high")
 # weights per sample instead of the 4 * C_h products).
 FORWARD_MULTIPLY_REDUCE_CYCLES = 2
 FORWARD_MASK_CYCLES = 2
-VECTOR_GHZ = 0.96
+_CLOCK_GHZ = hardware_for("trn2").clock_ghz  # Trn2 engine clocks (timing constants)
+VECTOR_GHZ = _CLOCK_GHZ["vector"]
 # The rest of the forward's Vector busy time per sample (coordinates, indices, weights): the
 # emulator's tsa-small LNC 1 forward, 3,712 µs / 720,000 samples = 5.16 ns, less the gather
 # part at C_h = 32 (4 columns * 4 * 32 cycles / 0.96 GHz / 128 partitions = 4.17 ns).
@@ -61,12 +62,12 @@ FORWARD_INDICES_PER_DMA = 8 * PARTITIONS
 # Backward transpose gather: M_g = 4 columns of 128 per DMA (backward plan of the shapes here).
 BACKWARD_GATHER_INDICES_PER_DMA = 4 * PARTITIONS
 # Build-pass copies on chip: Vector tensor_copy of 2-byte data with a strided destination at
-# 2 elements/cycle (Trn2 perf mode, 0.96 GHz) next to Scalar at 1 element/cycle (1.2 GHz).
-BUILD_COPY_ELEMENTS_PER_NS = 2 * 0.96 + 1.2
+# 2 elements/cycle (Trn2 perf mode) next to Scalar (or GpSimd) at 1 element/cycle.
+BUILD_COPY_ELEMENTS_PER_NS = 2 * VECTOR_GHZ + _CLOCK_GHZ["scalar"]
 # Direct DMAs of the build/zero/reduce/fold passes move >= 2 KiB per partition and descriptor.
 BULK_RUN_BYTES = 2048
-# fp32 Vector add of the fold pass: tensor_tensor 2N cycles at 0.96 GHz per partition.
-FOLD_NS_PER_ELEMENT = 2 / 0.96
+# fp32 Vector add of the fold pass: tensor_tensor 2N cycles per partition.
+FOLD_NS_PER_ELEMENT = 2 / VECTOR_GHZ
 
 
 @dataclass(frozen=True)
