@@ -215,13 +215,15 @@ def spatial_shapes_from_flat(flat: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple((int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2))
 
 
-def bind_msda_op_call(value: Tensor, spatial_shapes: list[int], level_start_index: list[int],
+def bind_msda_op_call(value: Tensor, spatial_shapes: list[int], level_start_index: list[int] | None,
                       sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
                       sampling_locations_layout: str, align_corners: bool, padding_mode: str,
                       backend: str, deterministic: bool | None, *, needs_backward: bool,
                       grad_output: Tensor | None = None) -> MsdaCall:
-    """:func:`bind_msda_call` for the operators' arguments (flat spatial shapes)."""
-    return bind_msda_call(value, spatial_shapes_from_flat(spatial_shapes), list(level_start_index),
+    """:func:`bind_msda_call` for the operators' arguments (flat spatial shapes; level starts
+    None: derived from the shapes)."""
+    starts = None if level_start_index is None else list(level_start_index)
+    return bind_msda_call(value, spatial_shapes_from_flat(spatial_shapes), starts,
                           sampling_locations, attention_weights, value_layout,
                           sampling_locations_layout, align_corners, padding_mode, backend,
                           deterministic, needs_backward=needs_backward, grad_output=grad_output)

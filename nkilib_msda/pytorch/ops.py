@@ -50,7 +50,7 @@ _HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
 _BACKWARD_HANDOFF: CallHandoff[MsdaCall] = CallHandoff()
 
 # The operators' schemas, written once; ``shapes`` declares spatial_shapes and level_start_index.
-INT_LIST_SHAPES = "SymInt[] spatial_shapes, SymInt[] level_start_index"
+INT_LIST_SHAPES = "SymInt[] spatial_shapes, SymInt[]? level_start_index"  # None: derived
 _POINTS = "bool? deterministic=None, SymInt[]? num_points=None"
 
 
@@ -232,13 +232,13 @@ def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
      deterministic, num_points) = inputs
     if num_points is not None:  # the backward operator pads and binds (per-level counts)
         ctx.save_for_backward(value, sampling_locations, attention_weights)
-        ctx.msda_op_args = (list(spatial_shapes), list(level_start_index), value_layout,
+        ctx.msda_op_args = (list(spatial_shapes), level_start_index, value_layout,
                             sampling_locations_layout, align_corners, padding_mode, backend)
         ctx.msda_options = (deterministic, list(num_points))
         return
     call = _HANDOFF.take((value, sampling_locations, attention_weights))
     if call is None:  # the fake kernel ran (tracing): bind the traced arguments
-        call = bind_msda_op_call(value, list(spatial_shapes), list(level_start_index),
+        call = bind_msda_op_call(value, list(spatial_shapes), level_start_index,
                                  sampling_locations, attention_weights, value_layout,
                                  sampling_locations_layout, align_corners, padding_mode, backend,
                                  deterministic, needs_backward=False)

@@ -6,9 +6,12 @@ points level after level: sampling locations (B, N_q, N_h, sum(P), 2) ("BQHLP2";
 the same number of points on every level, so :func:`pad_point_counts` spreads the packed points
 to P_max = max(P_l) per level:
 
-- a padded slot has weight 0 and location (-1, -1), whose four bilinear corners lie outside
-  every level with ``align_corners=False`` (pixel -W - 0.5): it adds exactly nothing, and with
-  zero padding a non-finite value cannot reach the output through it;
+- a padded slot has weight 0 and location (NaN, NaN): every backend reads nothing for a NaN
+  coordinate (README, "Layouts and conventions"), in every padding mode and for both
+  ``align_corners``, so it adds exactly nothing and no value (not even inf/NaN at pixel
+  (0, 0)) reaches the output through it. An off-map location such as (-1, -1) would not do:
+  ``"border"`` clips it onto pixel (0, 0), and with ``align_corners=True`` a level of at most
+  2x2 pixels has pixel 0 among its corners, each read with weight 0 (0 * inf = NaN);
 - the spreading is slices and ``torch.cat`` (plain autograd ops, traced like any other), so the
   gradients of the padded slots are dropped by the concatenation's backward and never reach
   a real slot or the caller;
@@ -29,7 +32,8 @@ from nkilib_msda.validation.layouts import LOCATION_DIMS, location_axis
 __all__ = ["check_num_points", "check_packed_points", "level_count", "pad_point_counts",
            "pack_point_gradients", "OFF_MAP_LOCATION"]
 
-OFF_MAP_LOCATION = -1.0
+# A padded slot reads nothing at all (module docstring).
+OFF_MAP_LOCATION = float("nan")
 
 
 def check_num_points(num_points: Any, num_levels: int, name: str = "num_points"

@@ -29,6 +29,7 @@ from nkilib_msda.pytorch.ops import (backward_schema, forward_schema, msda_backw
                                      msda_op_backward, msda_op_forward, no_double_backward,
                                      output_dims)
 from nkilib_msda.validation.layouts import level_starts
+from nkilib_msda.validation.msda import check_shape_tensors
 
 __all__ = ["ms_deformable_attention_tensor_shapes", "ms_deformable_attention_tensor_shapes_bwd",
            "tensor_shapes_operator_args", "TENSOR_SHAPES_FORWARD_NAME"]
@@ -67,13 +68,20 @@ def _backward_impl(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
                    level_start_index: Tensor | None, *tensors_and_options: Any
                    ) -> tuple[Tensor, Tensor, Tensor]:
     """MSDA backward with tensor spatial shapes: as ``ms_deformable_attention_bwd``."""
+    check_shape_tensors(spatial_shapes, level_start_index, value)
     flat = _flat_shapes(spatial_shapes)
     return msda_op_backward(grad_output, value, flat, _starts(level_start_index, flat),
                             *tensors_and_options)
 
 
+def _backward_fake(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
+                   level_start_index: Tensor | None, *rest: Any) -> tuple[Tensor, Tensor, Tensor]:
+    check_shape_tensors(spatial_shapes, level_start_index, value)
+    return msda_backward_fake(grad_output, value, spatial_shapes, level_start_index, *rest)
+
+
 ms_deformable_attention_tensor_shapes_bwd = register_operator(
-    "ms_deformable_attention_tensor_shapes_bwd", _backward_impl, msda_backward_fake,
+    "ms_deformable_attention_tensor_shapes_bwd", _backward_impl, _backward_fake,
     schema=backward_schema(_TENSOR_SHAPES), backward=no_double_backward,
     setup_context=lambda ctx, inputs, output: None)
 
@@ -85,6 +93,7 @@ def _forward_impl(value: Tensor, spatial_shapes: Tensor, level_start_index: Tens
                   *tensors_and_options: Any) -> Tensor:
     """MSDA forward with tensor spatial shapes (N_l, 2) and level starts (N_l,) or None:
     (B, N_q, N_h*C_h) in value's dtype, as ``ms_deformable_attention``."""
+    check_shape_tensors(spatial_shapes, level_start_index, value)
     flat = _flat_shapes(spatial_shapes)
     _, output = msda_op_forward(value, flat, _starts(level_start_index, flat),
                                 *tensors_and_options)
@@ -95,6 +104,7 @@ def _forward_fake(value: Tensor, spatial_shapes: Tensor, level_start_index: Tens
                   sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
                   sampling_locations_layout: str, *options: Any) -> Tensor:
     _check_shapes_tensor(spatial_shapes)
+    check_shape_tensors(spatial_shapes, level_start_index, value)
     return value.new_empty(output_dims(value, sampling_locations, value_layout,
                                        sampling_locations_layout))
 

@@ -186,6 +186,25 @@ def normalize_level_start_index(level_start_index: Any, spatial_shapes: tuple[tu
     return got
 
 
+def check_shape_tensors(spatial_shapes: Any, level_start_index: Any, value: Any) -> None:
+    """Run-time checks of spatial shapes (N_l, 2) and level starts (N_l,) or None passed as
+    tensors (the tensor-shapes operators' untrusted boundary), before their values are read:
+    an integer dtype (a float start would be truncated) and, unless ``value`` is a ``meta``
+    tensor too (a shapes-only call), values to read: with a ``meta`` shapes tensor the
+    dispatcher runs the shapes-only kernel, whose output is uninitialised memory. The values
+    themselves are checked by :func:`validate_msda_args`."""
+    value_device = getattr(getattr(value, "device", None), "type", None)
+    for name, x in (("spatial_shapes", spatial_shapes), ("level_start_index", level_start_index)):
+        if isinstance(x, _NoneType) or not hasattr(x, "dtype"):
+            continue
+        if not dtype_name(x.dtype).startswith(("int", "uint")):
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {dtype_name(x.dtype)}")
+        device = getattr(getattr(x, "device", None), "type", None)
+        if device == "meta" and value_device != "meta":
+            raise ValueError(f"{name}: expected a tensor holding values (not on the meta device), "
+                             f"got one on {device} (value is on {value_device})")
+
+
 def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected one of {list(choices)}, got {value!r}")

@@ -97,22 +97,40 @@ def test_b2qhlp_layout():
 
 
 @pytest.mark.parametrize("backend,dtype", [("reference", torch.float64), ("nki", torch.float32)])
-def test_padded_slots_add_nothing_even_next_to_non_finite_values(backend, dtype):
-    """Real points stay away from pixels (0, 0) and (0, 1) of every level, which hold NaN and
-    inf: the padded slots (weight 0, location off the map) must not bring them into any
-    result."""
-    value, loc, weights, grad = _inputs(low=0.8, high=0.95)
+@pytest.mark.parametrize("padding_mode,align_corners", [("zeros", False), ("zeros", True),
+                                                        ("border", False), ("border", True)])
+def test_padded_slots_read_nothing_even_next_to_non_finite_values(backend, dtype, padding_mode,
+                                                                  align_corners):
+    """Real points stay away from row 0 of every level (y = 1: the last row), whose pixels
+    (0, 0) and (0, 1) hold NaN and inf: the padded slots (weight 0) must read nothing in any
+    mode, so every result is finite and equals the result with those pixels zeroed. (A padded
+    slot that reads pixel (0, 0) with weight 0 turns it into NaN: with "border", which clips
+    coordinates onto the map, and with align_corners=True on a level of at most 2x2.)"""
+    shapes = ((4, 6), (2, 2), (5, 4))
+    value, loc, weights, grad = _inputs(shapes=shapes, low=0.8, high=0.95)
+    loc[..., 1] = 1.0
+    poisoned = value.clone()
     start = 0
-    for h, w in SHAPES:
-        value[:, start] = float("nan")
-        value[:, start + 1] = float("inf")
+    for h, w in shapes:
+        poisoned[:, start] = float("nan")
+        poisoned[:, start + 1] = float("inf")
+        value[:, start:start + 2] = 0.0
         start += h * w
-    got, grads = _grads(lambda v, s, a: nkilib_msda.multi_scale_deformable_attention(
-        v, SHAPES, None, s, a, backend=backend, num_points=COUNTS),
-        [t.to(dtype) for t in (value, loc, weights)], grad)
+
+    def run(v, s, a):
+        return nkilib_msda.multi_scale_deformable_attention(
+            v, shapes, None, s, a, backend=backend, num_points=COUNTS, padding_mode=padding_mode,
+            align_corners=align_corners)
+
+    got, grads = _grads(run, [t.to(dtype) for t in (poisoned, loc, weights)], grad)
+    want, want_grads = _grads(run, [t.to(dtype) for t in (value, loc, weights)], grad)
     assert torch.isfinite(got).all()
-    for name, g in zip(workloads.QUANTITIES[1:], grads):
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for name, g, w in zip(workloads.QUANTITIES[1:], grads, want_grads):
+        if name == "grad_value":  # the poisoned pixels' own gradients are 0 in both runs
+            g, w = g.nan_to_num(), w.nan_to_num()
         assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
 
 
 def test_num_points_errors_name_the_argument():

@@ -255,3 +255,59 @@ def test_msdeformattn_fullgraph_compile_on_cuda_with_tensor_shapes():
         _assert_same(_out_and_grads(bind(compiled), (q, x), params),
                      _out_and_grads(bind(call), (q, x), params))
     assert counter.frame_count == 1
+
+
+# ---------------------------------------------- the operators called directly (untrusted input)
+
+
+def test_tensor_shapes_operators_reject_shapes_without_values():
+    """A meta-device shapes (or starts) tensor has no values to read: both operators name the
+    argument instead of computing on whatever memory ``.tolist()`` returns."""
+    value, loc, attn = _msda_inputs(1, 3, seed=14)
+    fwd = torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes
+    bwd = torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes_bwd
+    meta_shapes = torch.tensor(SHAPES, device="meta")
+    with pytest.raises(ValueError, match=r"^spatial_shapes: expected a tensor holding values "
+                                         r"\(not on the meta device\), got one on meta \(value is on cpu\)$"):
+        fwd(value, meta_shapes, torch.tensor(STARTS), loc, attn)
+    with pytest.raises(ValueError, match=r"^level_start_index: expected a tensor holding values"):
+        fwd(value, torch.tensor(SHAPES), torch.tensor(STARTS, device="meta"), loc, attn)
+    grad = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match=r"^spatial_shapes: expected a tensor holding values"):
+        bwd(grad, value, meta_shapes, None, loc, attn, "BLNC", "BQHLP2", False, "zeros", "auto",
+            [True, True, True])
+    # every tensor on meta: a shapes-only call, as before
+    metas = [t.to("meta") for t in (value, loc, attn)]
+    assert fwd(metas[0], meta_shapes, None, *metas[1:]).shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize("starts", [torch.tensor((0.0, 24.0)), torch.tensor((0.0, 24.7)),
+                                    torch.tensor((False, True))], ids=["float", "fraction", "bool"])
+def test_tensor_shapes_operators_reject_non_integer_starts(starts):
+    """A float (or bool) level_start_index used to be truncated by int(): rejected, naming it."""
+    value, loc, attn = _msda_inputs(1, 3, seed=15)
+    with pytest.raises(TypeError, match=r"^level_start_index: expected an integer tensor, got "
+                                        rf"dtype {str(starts.dtype).removeprefix('torch.')}$"):
+        torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
+            value, torch.tensor(SHAPES), starts, loc, attn)
+    with pytest.raises(TypeError, match=r"^spatial_shapes: expected an integer tensor"):
+        torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
+            value, torch.tensor(SHAPES, dtype=torch.float32), None, loc, attn)
+
+
+def test_int_list_operators_take_level_start_index_none():
+    """``level_start_index=None`` on the int-list operators means "derived from the shapes", as
+    on the functional API and the tensor-shapes operator (it used to fail in torch's argument
+    parser with "TypeError: 'NoneType' object is not iterable")."""
+    value, loc, attn = _msda_inputs(2, 3, seed=16)
+    flat = [d for pair in SHAPES for d in pair]
+    op = torch.ops.nkilib_msda
+    want = op.ms_deformable_attention(value, flat, list(STARTS), loc, attn)
+    torch.testing.assert_close(op.ms_deformable_attention(value, flat, None, loc, attn), want,
+                               rtol=0, atol=0)
+    grad = torch.randn_like(want)
+    args = ("BLNC", "BQHLP2", False, "zeros", "auto", [True, True, True])
+    for got, expected in zip(op.ms_deformable_attention_bwd(grad, value, flat, None, loc, attn, *args),
+                             op.ms_deformable_attention_bwd(grad, value, flat, list(STARTS), loc, attn,
+                                                            *args)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
