@@ -69,12 +69,18 @@ def select_bucket(height: int, width: int, buckets: Sequence[Shape]) -> Shape:
     return min(fitting, key=lambda b: b[0] * b[1])
 
 
+# An image has at most 4 channels (RGBA): (h, w, C) with more "channels" than that and a width
+# of at most 4 is a channels-last image passed by mistake.
+_MAX_IMAGE_CHANNELS = 4
+
+
 def pad_to_bucket(images: Sequence[Tensor] | Tensor, buckets: Sequence[Shape], *,
                   pad_value: float = 0.0) -> tuple[Tensor, Tensor]:
     """Pad a batch of (C, h_i, w_i) images (a list of any sizes, or a (B, C, h, w) tensor) at the
     bottom and right to the smallest bucket holding all of them, as Deformable-DETR's
     ``nested_tensor_from_tensor_list`` pads to the batch maximum. Returns ``(batch (B, C, H, W),
-    mask (B, H, W))`` with mask True on padding."""
+    mask (B, H, W))`` with mask True on padding. A channels-last image (more than 4 "channels"
+    and a width of at most 4) is rejected."""
     if isinstance(images, Tensor):
         if images.dim() != 4:
             raise ValueError(f"images: expected (B, C, h, w) or a list of (C, h, w), got shape "
@@ -83,6 +89,11 @@ def pad_to_bucket(images: Sequence[Tensor] | Tensor, buckets: Sequence[Shape], *
     if not images or any(not isinstance(im, Tensor) or im.dim() != 3 for im in images):
         raise ValueError("images: expected a non-empty list of (C, h, w) tensors, got "
                          f"{[tuple(im.shape) if isinstance(im, Tensor) else type(im).__name__ for im in images]}")
+    for im in images:
+        if im.shape[0] > _MAX_IMAGE_CHANNELS >= im.shape[2]:
+            raise ValueError(f"images: expected (C, h, w) channels-first images, got shape "
+                             f"{tuple(im.shape)}, which looks channels-last (h, w, C): use "
+                             "image.permute(2, 0, 1)")
     channels = images[0].shape[0]
     if any(im.shape[0] != channels for im in images):
         raise ValueError(f"images: expected the same channel count, got {[im.shape[0] for im in images]}")

@@ -28,9 +28,11 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from nkilib_msda.pytorch.dispatch import backend_argument
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.modules import msda_projections, reset_msda_projections
-from nkilib_msda.validation.arguments import check_positive_int
+from nkilib_msda.validation.arguments import (check_positive_int, check_positive_number,
+                                              check_probability)
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn_pytorch",
            "MultiScaleDeformableAttention", "patch_mmcv", "unpatch_mmcv", "MMCV_MODULE"]
@@ -111,6 +113,9 @@ class MultiScaleDeformableAttention(nn.Module):
         for name, arg in (("embed_dims", embed_dims), ("num_heads", num_heads),
                           ("num_levels", num_levels), ("num_points", num_points)):
             check_positive_int(name, arg)
+        check_probability("dropout", dropout)
+        check_positive_number("value_proj_ratio", value_proj_ratio)
+        backend_argument(backend)  # the name is checked now, not at the first forward
         if embed_dims % num_heads != 0:
             raise ValueError(f"embed_dims: expected a multiple of num_heads={num_heads}, got {embed_dims}")
         value_proj_size = int(embed_dims * value_proj_ratio)
@@ -184,7 +189,8 @@ class MultiScaleDeformableAttention(nn.Module):
         value = self.value_proj(value)
         if key_padding_mask is not None:
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
-        value = value.view(batch, num_value, self.num_heads, -1)
+        value = value.view(batch, num_value, self.num_heads,
+                           self.value_proj.out_features // self.num_heads)  # (-1: B = 0 fails)
         offsets = self.sampling_offsets(query).view(
             batch, num_query, self.num_heads, self.num_levels, self.num_points, 2)
         weights = self.attention_weights(query).view(

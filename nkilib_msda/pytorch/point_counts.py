@@ -23,9 +23,10 @@ sum(P) (docs/torch.md, "Per-level point counts", has measurements).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Sequence
 
-from torch import Tensor, cat
+from torch import SymInt, Tensor, cat
 
 from nkilib_msda.validation.layouts import LOCATION_DIMS, location_axis
 
@@ -40,18 +41,26 @@ def check_num_points(num_points: Any, num_levels: int, name: str = "num_points"
                      ) -> tuple[int, ...]:
     """``num_points`` as a tuple of ``num_levels`` positive ints, else ValueError/TypeError
     naming the argument ``name``."""
-    if isinstance(num_points, Tensor):
+    if isinstance(num_points, Tensor) or type(num_points).__name__ == "ndarray":
         num_points = num_points.tolist()
     if isinstance(num_points, (str, bytes)) or not isinstance(num_points, Sequence):
         raise TypeError(f"{name}: expected a sequence of positive ints (one per level), got "
                         f"{type(num_points).__name__}")
     counts = tuple(num_points)
-    if any(isinstance(p, bool) or not isinstance(p, int) or p <= 0 for p in counts):
-        raise ValueError(f"{name}: expected positive ints, got {list(counts)!r}")
+    # any integer type (NumPy's too), not bool; symbolic ints (torch.compile) are ints
+    if any(isinstance(p, bool) or not isinstance(p, (numbers.Integral, SymInt)) or p <= 0
+           for p in counts):
+        raise ValueError(f"{name}: expected positive ints, got {[_plain(p) for p in counts]!r}")
+    counts = tuple(p if isinstance(p, SymInt) else int(p) for p in counts)
     if len(counts) != num_levels:
         raise ValueError(f"{name}: expected one count per level ({num_levels} levels), got "
                          f"{len(counts)}: {list(counts)!r}")
     return counts
+
+
+def _plain(p: Any) -> Any:
+    """A count as it reads in a message (NumPy scalars as Python numbers)."""
+    return p.item() if hasattr(p, "item") and not isinstance(p, Tensor) else p
 
 
 def level_count(spatial_shapes: Any) -> int:

@@ -270,8 +270,10 @@ def validate_msda_args(
             raise ValueError(
                 f"sampling_locations: expected {ldims} with {dim} = {want} (layout "
                 f"{sampling_locations_layout}, value {vshape}, {num_levels} levels), got shape {lshape}")
-    if queries <= 0 or points <= 0:
-        raise ValueError(f"sampling_locations: expected N_q >= 1 and N_p >= 1 in {ldims}, got shape {lshape}")
+    # (the torch layer validates B = 0 or N_q = 0 on size-1 stand-ins: only kernels get here)
+    for dim, size in (("N_p", points), ("N_q", queries)):
+        if size <= 0:
+            raise ValueError(f"sampling_locations: expected {dim} >= 1 in {ldims}, got shape {lshape}")
 
     wshape = check_float_tensor("attention_weights", attention_weights, 5)
     want_w = (batch, queries, heads, num_levels, points)

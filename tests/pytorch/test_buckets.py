@@ -172,3 +172,17 @@ def test_encoder_reference_points_match_deformable_detr_for_an_unpadded_map():
     # level 0, pixel (row 1, col 3): centre ((3 + 0.5) / 5, (1 + 0.5) / 3) on every level
     torch.testing.assert_close(ref[0, 1 * 5 + 3], torch.tensor([[3.5 / 5, 1.5 / 3]] * 2))
     assert math.isclose(float(ref[0, 15 + 1, 0, 1]), 1.5 / 2)
+
+
+def test_pad_to_bucket_rejects_a_channels_last_image():
+    """An (h, w, 3) image is not 3 channels of h x w: it used to be padded as h channels."""
+    buckets = bk.bucket_grid(max_height=256, max_width=256, step=128)
+    with pytest.raises(ValueError, match=r"^images: expected \(C, h, w\) channels-first images, "
+                                         r"got shape \(100, 120, 3\), which looks channels-last "
+                                         r"\(h, w, C\): use image.permute\(2, 0, 1\)$"):
+        bk.pad_to_bucket([torch.randn(100, 120, 3)], buckets)
+    with pytest.raises(ValueError, match=r"^images: expected \(C, h, w\) channels-first"):
+        bk.pad_to_bucket(torch.randn(2, 100, 120, 3), buckets)
+    batch, mask = bk.pad_to_bucket([torch.randn(3, 100, 120), torch.randn(1, 90, 4)[:1].expand(3, -1, -1)],
+                                   buckets)
+    assert batch.shape == (2, 3, 128, 128) and mask.shape == (2, 128, 128)

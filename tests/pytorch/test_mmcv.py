@@ -380,3 +380,34 @@ def test_patch_mmcv_without_mmcv_raises_a_clear_import_error(monkeypatch):
 def test_patch_mmcv_rejects_a_non_string_backend(fake_mmcv):
     with pytest.raises(TypeError, match="backend"):
         ours.patch_mmcv(backend=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_module_batch_size_zero_gives_an_empty_output(batch_first):
+    m = ours.MultiScaleDeformableAttention(8, 2, 2, 2, batch_first=batch_first)
+    shapes = ((2, 3), (1, 2))
+    query = torch.randn(0, 3, 8) if batch_first else torch.randn(3, 0, 8)
+    value = torch.randn(0, 8, 8) if batch_first else torch.randn(8, 0, 8)
+    out = m(query, value=value, reference_points=torch.rand(0, 3, 2, 2), spatial_shapes=shapes)
+    assert out.shape == query.shape
+
+
+@pytest.mark.parametrize("kwargs,error,needle", [
+    ({"dropout": float("nan")}, ValueError, "dropout: expected a probability in [0, 1], got nan (float)"),
+    ({"dropout": 1.5}, ValueError, "dropout: expected a probability in [0, 1], got 1.5 (float)"),
+    ({"dropout": "0.1"}, ValueError, "dropout: expected a probability in [0, 1], got '0.1' (str)"),
+    ({"value_proj_ratio": "1"}, ValueError,
+     "value_proj_ratio: expected a finite positive number, got '1' (str)"),
+    ({"value_proj_ratio": float("inf")}, ValueError,
+     "value_proj_ratio: expected a finite positive number, got inf (float)"),
+    ({"backend": "bogus"}, ValueError, "backend: expected None or one of ['auto', 'reference', 'nki', "
+                                       "'triton'], got 'bogus'"),
+    ({"backend": 3}, TypeError, "backend: expected None or one of"),
+])
+def test_module_constructor_rejects_bad_options_naming_them(kwargs, error, needle):
+    """Bad options fail in the constructor, with one line that names the argument (they used to
+    be accepted, or fail late, or with a message about something else)."""
+    with pytest.raises(error) as info:
+        ours.MultiScaleDeformableAttention(8, 2, **kwargs)
+    message = str(info.value)
+    assert message.startswith(needle) and "\n" not in message, message

@@ -66,3 +66,21 @@ def test_train_trn2_dry_run_with_fsdp():
     out = _run("train_trn2.py", "--dry-run", "--steps", "2", "--fsdp")
     assert "step 1: loss" in out
     assert "parameters identical on all 2 ranks: True" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bucket-step", "0"], "argument --bucket-step: expected a positive integer, got 0"),
+    (["--steps", "-1"], "argument --steps: expected a positive integer, got -1"),
+    (["--batch-size", "two"], "argument --batch-size: expected a positive integer, got 'two'"),
+])
+def test_train_trn2_bad_arguments_are_one_line_and_exit_code_2(args, needle):
+    """A bad size or count ends in argparse's one-line error with exit code 2, before any work
+    (``--bucket-step 0`` used to print a 29-line traceback, ``--steps -1`` to run no step and
+    exit 0)."""
+    env = dict(os.environ, NKILIB_MSDA_NKI="emulator")
+    result = subprocess.run([sys.executable, str(EXAMPLES / "train_trn2.py"), "--dry-run", *args],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and result.stdout == "", result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr

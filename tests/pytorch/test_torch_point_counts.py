@@ -374,3 +374,27 @@ def test_operator_num_points_errors_name_the_argument():
         op(value, _FLAT, _STARTS, loc, weights, num_points=[3, 3])
     with pytest.raises(ValueError, match=r"sampling_locations: expected \(B, N_q, N_h, sum"):
         op(value, _FLAT, _STARTS, loc, weights, num_points=[2, 2, 3])
+
+
+def test_num_points_takes_numpy_integers():
+    """``num_points`` of NumPy integers (e.g. read from a config array) equals the int tuple."""
+    import numpy as np
+
+    value, loc, weights, _ = _inputs()
+    f = nkilib_msda.multi_scale_deformable_attention
+    want = f(value, SHAPES, None, loc, weights, num_points=COUNTS)
+    for counts in (tuple(np.int64(p) for p in COUNTS), np.array(COUNTS, dtype=np.int32),
+                   torch.tensor(COUNTS)):
+        torch.testing.assert_close(f(value, SHAPES, None, loc, weights, num_points=counts), want,
+                                   rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"num_points: expected positive ints, got \[3, 1.0, 2\]"):
+        f(value, SHAPES, None, loc, weights, num_points=(3, 1.0, 2))
+
+
+def test_no_points_names_n_p_and_no_queries_still_works():
+    value, loc, weights, _ = _inputs(counts=(1, 1, 1))
+    f = nkilib_msda.multi_scale_deformable_attention
+    loc6, w5 = loc.unflatten(-2, (3, 1)), weights.unflatten(-1, (3, 1))
+    with pytest.raises(ValueError, match=r"^sampling_locations: expected N_p >= 1 in "):
+        f(value, SHAPES, None, loc6[..., :0, :], w5[..., :0])
+    assert f(value, SHAPES, None, loc6[:, :0], w5[:, :0]).shape == (2, 0, 8)

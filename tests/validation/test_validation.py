@@ -266,3 +266,17 @@ def test_bad_grad_output():
     _assert_rejected(ValueError, "grad_output", grad_output=good.reshape(B, N_Q, N_H, C_H))
     _assert_rejected(TypeError, "grad_output", grad_output=good.astype(np.int32))
     _assert_rejected(TypeError, "grad_output", grad_output=good.tolist())
+
+
+def test_empty_point_or_query_axis_names_that_axis_only():
+    """N_p = 0 is reported as N_p (the torch layer supports N_q = 0, so the message must not
+    say "N_q >= 1" for it); N_q = 0 reaching the validation (the kernels) is reported as N_q."""
+    good = _args()
+    no_points = good["sampling_locations"][:, :, :, :, :0]
+    message = _assert_rejected(ValueError, "sampling_locations", sampling_locations=no_points,
+                               attention_weights=good["attention_weights"][..., :0])
+    assert "N_p >= 1" in message and "N_q" not in message.split(" in ")[0], message
+    message = _assert_rejected(ValueError, "sampling_locations",
+                               sampling_locations=good["sampling_locations"][:, :0],
+                               attention_weights=good["attention_weights"][:, :0])
+    assert "N_q >= 1" in message and "N_p >= 1" not in message, message
