@@ -12,7 +12,8 @@ is returned; any other word raises. The kernel API's layout and padding argument
 exact spelling of AWS's kernels, whose API they mirror. In environment variables surrounding
 spaces are ignored and an unset or empty variable means "use the default". A value that is not
 accepted raises :class:`EnvironmentVariableError` (a ``ValueError``) naming the variable, the
-accepted values and the value received. :func:`check_optional_bool` checks a public
+accepted values and the value received, wherever the package reads any of its variables
+(:func:`read_env` checks all of its own first). :func:`check_optional_bool` checks a public
 ``True``/``False``/``None`` argument such as ``deterministic=``.
 
 This module imports nothing from the package, so any module (the emulator included) can use it.
@@ -27,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
            "RENAMED_FROM", "read_env", "validate_environment", "env_table_markdown", "match_word",
-           "env_flag",
+           "env_flag", "check_package_variables",
            "env_choice", "check_optional_bool"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -215,8 +216,32 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 )}
 
 
+# The package's own variables (and their old names): the snapshot they were last checked in.
+_OWN_NAMES = tuple(n for v in ENV_VARS.values() if not v.owner
+                   for n in (v.name, *([RENAMED_FROM[v.name]] if v.name in RENAMED_FROM else [])))
+_checked_snapshot: list[tuple[str | None, ...] | None] = [None]
+
+
+def check_package_variables() -> None:
+    """Read every one of the package's own variables (owner ""), so that a bad value of one
+    that this code path does not use (e.g. NKILIB_MSDA_DETERMINISTIC on the reference backend)
+    raises wherever the package reads its first variable, on every backend. Checked again only
+    when one of them changes; deprecation warnings are left to the real reads."""
+    snapshot = tuple(os.environ.get(n) for n in _OWN_NAMES)
+    if snapshot == _checked_snapshot[0]:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for var in ENV_VARS.values():
+            if not var.owner:
+                var.read()
+    _checked_snapshot[0] = snapshot
+
+
 def read_env(name: str) -> Any:
-    """The parsed value of the environment variable ``name`` (one of :data:`ENV_VARS`)."""
+    """The parsed value of the environment variable ``name`` (one of :data:`ENV_VARS`), after
+    checking every one of the package's own variables (:func:`check_package_variables`)."""
+    check_package_variables()
     return ENV_VARS[name].read()
 
 

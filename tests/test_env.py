@@ -325,3 +325,52 @@ def test_old_emulated_lnc_variable_warns(monkeypatch):
     monkeypatch.setenv("NKILIB_MSDA_SIM_LNC", "2")
     with pytest.warns(DeprecationWarning, match="set NEURON_LOGICAL_NC_CONFIG"):
         assert lnc_degree() == 2
+
+
+# ------------------------------------------- every package variable, wherever one is first read
+
+_OWN_BAD = [("NKILIB_MSDA_DETERMINISTIC", "2"), ("NKILIB_MSDA_TRITON_FAST_LAUNCH", "fast"),
+            ("NKILIB_MSDA_EMULATOR_TIMING", "sometimes"), ("NKILIB_MSDA_EMULATOR_STRICT", "maybe")]
+
+
+@pytest.mark.parametrize("name,raw", _OWN_BAD)
+@pytest.mark.parametrize("backend", ["reference", "nki"])
+def test_a_bad_package_variable_fails_every_backend(monkeypatch, name, raw, backend):
+    """A package variable that this call does not use (e.g. NKILIB_MSDA_DETERMINISTIC, used
+    only by the Triton backward) is still an error on every backend, not silently accepted."""
+    import nkilib_msda
+
+    value, shapes, loc, attn = _tiny_msda()
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(EnvironmentVariableError, match=rf"^{name}: expected .*got {raw!r}$"):
+        nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn,
+                                                     backend=backend)
+    monkeypatch.delenv(name)
+    assert nkilib_msda.multi_scale_deformable_attention(value, shapes, None, loc, attn,
+                                                        backend=backend).shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize("name,raw", _OWN_BAD)
+def test_a_bad_package_variable_fails_block_attn_res_and_the_emulator(monkeypatch, name, raw):
+    torch = pytest.importorskip("torch")
+    from nkilib_msda import block_attn_res
+    import numpy as np
+
+    from nkilib_msda.simulator import simulate
+    from nkilib_msda.simulator import isa as nisa
+    from nkilib_msda.simulator import jit, language as nl
+
+    @jit
+    def copy(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(out, x)
+        return out
+
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(EnvironmentVariableError, match=rf"^{name}: "):
+        block_attn_res([torch.randn(1, 2, 8)], torch.zeros(8), rmsnorm_gamma=torch.ones(8),
+                       backend="reference")
+    with pytest.raises(EnvironmentVariableError, match=rf"^{name}: "):
+        simulate(copy)(np.zeros((2, 4), np.float32))
+    monkeypatch.delenv(name)
+    assert simulate(copy)(np.ones((2, 4), np.float32)).sum() == 8

@@ -58,9 +58,9 @@ def requested_backend(backend: str | None, device: torch.device,
     AttnRes) selects by device instead."""
     names = BACKEND_NAMES if names is None else names
     backend = backend_argument(backend, names)
+    env = read_env(ENV_VAR)  # read even when unused: it checks every package variable
     if backend != AUTO:
         return BackendChoice(backend, "argument")
-    env = read_env(ENV_VAR)
     if env and env != AUTO:
         if env in names:
             return BackendChoice(env, ENV_VAR)

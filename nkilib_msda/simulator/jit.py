@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nkilib_msda._env import EnvironmentVariableError, read_env
+from nkilib_msda._env import EnvironmentVariableError, check_package_variables, read_env
 from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, SharedState,
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.kernel_io import (check_signature, flatten_outputs, KernelInputs,
@@ -53,6 +53,7 @@ LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 def lnc_degree() -> int | None:
     """The LNC degree set by ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2), None when unset."""
+    check_package_variables()  # another variable's error is not an LNC error
     try:
         degree: int | None = read_env(LNC_ENV)
     except EnvironmentVariableError as exc:

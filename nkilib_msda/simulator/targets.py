@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nkilib_msda import hardware
-from nkilib_msda._env import EnvironmentVariableError, read_env
+from nkilib_msda._env import EnvironmentVariableError, check_package_variables, read_env
 from nkilib_msda.simulator.errors import env_error, nki_error
 
 __all__ = ["Target", "TARGETS", "get_target", "default_target_name"]
@@ -54,6 +54,7 @@ TARGETS: dict[str, Target] = {name: _make(name) for name in hardware.TARGETS}
 def default_target_name() -> str:
     """``NEURON_PLATFORM_TARGET_OVERRIDE`` if set, else trn2; another value raises an error
     that is both an NkiError and an EnvironmentVariableError."""
+    check_package_variables()  # another variable's error is not a target error
     try:
         return str(read_env("NEURON_PLATFORM_TARGET_OVERRIDE"))
     except EnvironmentVariableError as exc:
