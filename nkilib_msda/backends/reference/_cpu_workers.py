@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 import torch
@@ -38,7 +38,8 @@ _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 _coordinators: ThreadPoolExecutor | None = None
 _available: bool | None = None
-# In a coordinator thread (inside call_serial): the calling thread's torch thread count.
+# In a coordinator thread (inside call_serial): the calling thread's torch thread count
+# (``workers``) and the call's cancel event (``cancel``, set when the caller stops waiting).
 _local = threading.local()
 
 
@@ -129,21 +130,33 @@ def call_serial(fn: Callable[[], R]) -> R:
     :func:`map_blocks` calls spread over as many pool threads as the caller has torch threads:
     the glue ops around the blocks (allocations, sorts, layout changes) then open no OpenMP
     regions either. In the calling thread when that has one torch thread or the pool is not
-    available; exceptions propagate."""
+    available; exceptions propagate. When the caller stops waiting (Ctrl-C: KeyboardInterrupt)
+    or ``fn`` fails, the blocks of its :func:`map_blocks` calls that have not started never run
+    (a running block finishes its current ATen op: those cannot be interrupted)."""
     workers = _caller_workers()
     if workers <= 1 or getattr(_local, "workers", None) is not None or not pool_available():
         with torch.no_grad():
             return fn()
 
+    cancel = threading.Event()
+
     def run() -> R:
-        _local.workers = workers
+        _local.workers, _local.cancel = workers, cancel
         try:
             with torch.no_grad():
                 return fn()
         finally:
-            _local.workers = None
+            _local.workers = _local.cancel = None
 
-    return _coordinator_pool().submit(run).result()
+    future = _coordinator_pool().submit(run)
+    try:
+        return future.result()
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt) while waiting, or fn's own error: the blocks of fn's
+        # map_blocks calls that have not started are dropped, so the pool stops at once
+        cancel.set()
+        future.cancel()
+        raise
 
 
 def map_blocks(fn: Callable[[T], R], blocks: Sequence[T]) -> list[R]:
@@ -151,16 +164,34 @@ def map_blocks(fn: Callable[[T], R], blocks: Sequence[T]) -> list[R]:
     threads (inside :func:`call_serial`: its caller's), when that is more than 1 and the pool is
     available, else in the calling thread; under ``torch.no_grad()`` either way (grad mode is
     per thread, and ``fn`` computes, it is not differentiated). ``fn`` must not depend on which
-    thread runs it or in which order the blocks run; exceptions propagate."""
+    thread runs it or in which order the blocks run; exceptions propagate, and after one (or
+    Ctrl-C) the blocks not yet started are skipped."""
     workers = min(_caller_workers(), len(blocks))
     if workers <= 1 or not pool_available():
         with torch.no_grad():
             return [fn(b) for b in blocks]
-    return list(_pool(workers).map(_without_grad(fn), blocks))
+    # inside call_serial: its caller's cancel event (set on Ctrl-C there); else our own
+    cancel = getattr(_local, "cancel", None) or threading.Event()
+    pool = _pool(workers)
+    futures = [pool.submit(_run_block, fn, block, cancel) for block in blocks]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        # a block failed, or Ctrl-C here: the blocks not yet started never run
+        cancel.set()
+        for f in futures:
+            f.cancel()
+        raise
 
 
-def _without_grad(fn: Callable[[T], R]) -> Callable[[T], R]:
-    def run(block: T) -> R:
+def _run_block(fn: Callable[[T], R], block: T, cancel: threading.Event) -> R:
+    """One block on a pool thread, without grad; skipped once ``cancel`` is set, and a failing
+    block sets it itself, before its thread can take the next queued block."""
+    if cancel.is_set():
+        raise CancelledError("nkilib_msda: an earlier block failed or the call was interrupted")
+    try:
         with torch.no_grad():
             return fn(block)
-    return run
+    except BaseException:
+        cancel.set()
+        raise

@@ -102,3 +102,84 @@ def test_a_forked_child_makes_its_own_pool(threads):
         child.join(10)
         if child.is_alive():
             child.kill()
+
+
+def test_a_failing_block_cancels_the_blocks_not_yet_started(threads):
+    """Block 0 fails while blocks 0 and 1 hold both pool threads: the queued blocks 2.. never
+    run (the caller is not kept waiting for work whose result it will not use)."""
+    if not _cpu_workers.pool_available():
+        pytest.skip("no serial pool on this platform")
+    threads(2)
+    started, release, ran = threading.Barrier(2), threading.Event(), []
+
+    def block(i: int) -> int:
+        ran.append(i)
+        if i < 2:
+            started.wait(timeout=60)  # both threads busy: the other blocks are queued
+            if i == 0:
+                raise ValueError("block 0 failed")
+            release.wait(timeout=60)
+        return i
+
+    def release_after_failure():
+        try:
+            return _cpu_workers.map_blocks(block, list(range(20)))
+        finally:
+            release.set()
+
+    with pytest.raises(ValueError, match="block 0 failed"):
+        release_after_failure()
+    _drain_pool(2)
+    assert sorted(ran) == [0, 1], ran
+
+
+def _drain_pool(workers: int) -> None:
+    """Wait until every task queued on the pool before this call has been taken."""
+    pool = _cpu_workers._pool(workers)
+    for f in [pool.submit(lambda: None) for _ in range(workers)]:
+        f.result(timeout=60)
+
+
+_CTRL_C = """
+import signal, threading, torch
+from nkilib_msda.backends import _cpu_workers
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+torch.set_num_threads(2)
+assert _cpu_workers.pool_available()
+main = threading.main_thread().ident
+started, release, ran = threading.Barrier(2), threading.Event(), []
+
+def block(i):
+    ran.append(i)
+    if i < 2:
+        if started.wait(timeout=60) == 0:  # both pool threads busy, blocks 2.. queued
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, delivered to the waiting caller
+        release.wait(timeout=60)
+    return i
+
+try:
+    _cpu_workers.call_serial(lambda: _cpu_workers.map_blocks(block, list(range(20))))
+    print("not interrupted")
+except KeyboardInterrupt:
+    release.set()
+pool = _cpu_workers._pool(2)
+for f in [pool.submit(lambda: None) for _ in range(2)]:
+    f.result(timeout=60)
+print("ran", sorted(ran))
+"""
+
+
+def test_ctrl_c_while_waiting_cancels_the_blocks_not_yet_started():
+    """Ctrl-C in a caller waiting on call_serial: KeyboardInterrupt reaches the caller at once,
+    and the blocks not yet started never run (they used to run to the end, for seconds, after
+    the call had returned). A real SIGINT to the main thread, in a subprocess."""
+    import os
+    import subprocess
+
+    if not _cpu_workers.pool_available():
+        pytest.skip("no serial pool on this platform")
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == ["ran [0, 1]"], proc.stdout
