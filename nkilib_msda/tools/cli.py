@@ -123,8 +123,15 @@ def _quiet_echo(line: str = "") -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from nkilib_msda.tools.profile import run_profile
+    from nkilib_msda.tools.profile import (ProfileError, check_out_dir, check_timing_enabled,
+                                           run_profile)
 
+    try:  # before the (slow) simulation
+        check_timing_enabled()
+        check_out_dir(args.out, name="--out")
+    except ProfileError as exc:
+        print(f"nkilib-msda: error: {exc}", file=sys.stderr)
+        return 2
     run_profile(preset=args.preset, kernel=args.kernel, lnc=args.lnc, target=args.target,
                 out=args.out, seed=args.seed)
     return 0
@@ -182,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser(
         "profile", help="modelled Trainium timeline of one kernel (Chrome trace + PNG)",
         description="Run one NKI kernel in the emulator and write the timing model's Chrome "
-                    "trace and a PNG timeline (docs/timing.md).")
+                    "trace and a PNG timeline (docs/timing.md). The trace needs nothing more; "
+                    "the PNG needs matplotlib, the `bench` extra (pip install -e \".[bench]\"): "
+                    "without it only the trace is written, and a line says so.")
     profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
                          type=lambda name: PRESET_ALIASES.get(name, name),
                          help="shape preset, as for `check` (default: %(default)s)")
@@ -191,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, else 1)")
     profile.add_argument("--target", default=None, choices=["trn2", "trn3"],
                          help="default: trn2 (or NEURON_PLATFORM_TARGET_OVERRIDE)")
-    profile.add_argument("--out", default="profile", help="output directory (default: %(default)s)")
+    profile.add_argument("--out", default="profile",
+                         help="output directory, created if missing and checked before the "
+                              "simulation (default: %(default)s)")
     profile.add_argument("--seed", type=_non_negative_int, default=0)
     profile.set_defaults(func=cmd_profile)
 

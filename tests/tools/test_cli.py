@@ -38,6 +38,7 @@ def test_check_runs_kernels_on_tiny_preset(capsys, lnc):
 def test_profile_writes_trace_and_png(tmp_path, capsys):
     import json
 
+    pytest.importorskip("matplotlib", reason="the PNG needs the `bench` extra (matplotlib)")
     rc = main(["profile", "--preset", "tiny", "--kernel", "bwd", "--lnc", "2", "--target", "trn3",
                "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -46,6 +47,106 @@ def test_profile_writes_trace_and_png(tmp_path, capsys):
     assert {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
     assert trace["otherData"]["target"] == "trn3"
     assert (tmp_path / "tiny_bwd_lnc2_trn3.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_without_matplotlib_writes_the_trace_and_says_why_no_png(tmp_path, capsys,
+                                                                          monkeypatch):
+    """The trace needs nothing optional; the PNG needs matplotlib (the `bench` extra): without
+    it, one line says so and the command still succeeds."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    rc = main(["profile", "--preset", "tiny", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert (tmp_path / "tiny_fwd_lnc1_trn2.trace.json").is_file()
+    assert not (tmp_path / "tiny_fwd_lnc1_trn2.png").exists()
+    notes = [line for line in out.splitlines() if "matplotlib" in line]
+    assert notes == ["  no PNG: the picture needs matplotlib, the `bench` extra "
+                     "(pip install -e \".[bench]\")"], out
+
+
+def test_profile_help_names_the_png_dependency():
+    proc = _cli("profile", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "matplotlib" in text and "`bench` extra" in text
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: _file(p / "taken"), "is a file, not a directory"),
+    (lambda p: _file(p / "file") / "sub", "is a file, not a directory"),
+    (lambda p: (p / "locked").mkdir(mode=0o500) or p / "locked" / "out", "cannot create"),
+], ids=["existing-file", "file-as-parent", "unwritable"])
+def test_profile_checks_out_before_simulating(tmp_path, make, needle, monkeypatch):
+    """A bad --out is one line and exit code 2, before the (slow) simulation starts."""
+    import os
+
+    from nkilib_msda.tools import profile
+
+    if needle == "cannot create" and os.geteuid() == 0:
+        # root writes anywhere: a directory under /proc is not writable for anyone
+        out = "/proc/nkilib_msda_profile_out"
+    else:
+        out = str(make(tmp_path))
+    monkeypatch.setattr(profile, "_simulate", lambda *a: pytest.fail("simulated before checking --out"))
+    proc_err = _run_main_capturing(["profile", "--preset", "tiny", "--out", out])
+    rc, stderr = proc_err
+    assert rc == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nkilib-msda: error: --out: "), stderr
+    assert needle in lines[0] and out in lines[0], lines[0]
+
+
+def _file(path):
+    path.write_text("x")
+    return path
+
+
+def _run_main_capturing(argv):
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+def test_profile_with_the_timing_model_off_is_one_line(tmp_path):
+    proc = _cli("profile", "--preset", "tiny", "--out", str(tmp_path),
+                NKILIB_MSDA_EMULATOR_TIMING="0")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["nkilib-msda: error: profile needs the timing model, which "
+                     "NKILIB_MSDA_EMULATOR_TIMING=0 switches off: unset it or set it to 1"], proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "bwd"])
+def test_profile_picture_colours_time_by_the_bound_the_text_names(kernel):
+    """The trace's (so the PNG's) categories are the vocabulary of ``bound_by``: a transfer is
+    ``dma_descriptors`` where its per-descriptor cost dominates, else ``dma_bandwidth``. On the
+    default preset the text says "bound by dma_descriptors" (the PNG used to show only
+    dma_bandwidth), and the legend marks the bounding category."""
+    from nkilib_msda.tools.profile import _simulate, timeline_rows
+
+    timing = _simulate(kernel, "tiny", 1, None, 0).timing
+    rows = timeline_rows(timing)
+    categories = {cat for row in rows.values() for _, _, cat in row}
+    if timing.bound_by in ("dma_descriptors", "dma_bandwidth", "vector", "gpsimd", "scalar",
+                           "tensor", "dma_issue", "barrier"):
+        assert timing.bound_by in categories, (timing.bound_by, categories)
+    trace = {e["cat"] for e in timing.trace_events() if e.get("ph") == "X"}
+    assert trace == categories
+    assert "dma_descriptors" in trace  # tiny: per-descriptor cost dominates its gathers
 
 
 def test_python_dash_m_entry_point():

@@ -200,6 +200,16 @@ class Timing:
             return "barrier"
         return "dma_bandwidth"
 
+    def _trace_category(self, i: int, pv: np.ndarray) -> str:
+        """:meth:`_category`, with a transfer split as :meth:`_critical` splits its time:
+        ``dma_descriptors`` where its per-descriptor part (at ``pv``) is at least half of its
+        duration, else ``dma_bandwidth`` (so a picture of the trace names what ``bound_by``
+        names)."""
+        if int(self._kind[i]) != NODE_TRANSFER:
+            return self._category(i)
+        desc = float(self._coef[i] @ pv)
+        return "dma_descriptors" if 2 * desc >= self._dur[i] else "dma_bandwidth"
+
     def _critical(self, start: list[float], end: list[float], dur: list[float],
                   bind: list[int], pv: np.ndarray) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
@@ -289,12 +299,14 @@ class Timing:
 
     def trace_events(self) -> list[dict[str, Any]]:
         """Chrome trace events: one process per core, one thread per engine / queue / DMA
-        engine; times in µs at nominal parameters."""
+        engine; times in µs at nominal parameters; ``cat`` in ``bound_by``'s words
+        (:meth:`_trace_category`)."""
         per_core = len(self.core_names)
         tracks = list(dict.fromkeys(self._track)) + ["queue_static", "queue_swdge"]
         tid = {name: k for k, name in enumerate(tracks)}
         used: set[tuple[int, str]] = set()
         events: list[dict[str, Any]] = []
+        pv = np.asarray(param_vector(self.target))
         for i in range(self.num_nodes):
             kind = int(self._kind[i])
             ts, dur = self._start[i] / 1e3, self._dur[i] / 1e3
@@ -310,7 +322,8 @@ class Timing:
             for core in cores:
                 for name in names:
                     used.add((core, name))
-                    events.append({"name": self._names[i], "cat": self._category(i), "ph": "X",
+                    events.append({"name": self._names[i], "cat": self._trace_category(i, pv),
+                                   "ph": "X",
                                    "ts": ts, "dur": dur, "pid": core, "tid": tid[name],
                                    "args": {"node": i}})
         meta: list[dict[str, Any]] = []
