@@ -111,7 +111,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                    value_layout=args.value_layout, sampling_locations_layout=args.locations_layout,
                    align_corners=args.align_corners, padding_mode=args.padding_mode, lnc=args.lnc,
                    gather_method=args.gather_method, backward=not args.forward_only, seed=args.seed,
-                   show_report=not args.no_report, progress=not args.quiet,
+                   show_report=args.report, progress=not args.quiet,
                    echo=_quiet_echo if args.quiet else print)
     return 0 if ok else 1
 
@@ -157,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check", help="run the NKI kernels in the emulator and compare with the reference",
         description="Run the NKI forward and backward kernels in the NumPy emulator on one shape "
-                    "preset, print their errors against the float64 reference and the emulator's "
-                    "cost report, and exit 1 if a tolerance is exceeded. Times are rough "
-                    "(forward + backward on one laptop core).",
+                    "preset, print their errors against the float64 reference, their modelled "
+                    "Trainium times and CHECK PASSED or CHECK FAILED (with --report, then the "
+                    "emulator's cost reports), and exit 1 if a tolerance is exceeded. Times are "
+                    "rough (forward + backward on one laptop core).",
         epilog=_preset_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
                        type=lambda name: PRESET_ALIASES.get(name, name),
@@ -177,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "else 1; now %(default)s)")
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
-    check.add_argument("--no-report", action="store_true", help="do not print the cost reports")
+    check.add_argument("--report", action="store_true",
+                       help="after the result, print both kernels' cost reports (instructions "
+                            "and elements per engine, DMA traffic, descriptors, SBUF/PSUM use)")
+    check.add_argument("--no-report", dest="report", action="store_false",
+                       help=argparse.SUPPRESS)  # the default now; still accepted
     check.add_argument("--quiet", "-q", action="store_true",
                        help="print only the result line (and failed rows), no progress bar; "
                             "without it, runs longer than 2 s show a "

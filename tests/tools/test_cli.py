@@ -28,11 +28,35 @@ def test_check_rejects_unknown_preset():
 
 @pytest.mark.parametrize("lnc", [1, 2])
 def test_check_runs_kernels_on_tiny_preset(capsys, lnc):
-    rc = main(["check", "--preset", "tiny", "--lnc", str(lnc), "--value-layout", "BNLC"])
+    rc = main(["check", "--preset", "tiny", "--lnc", str(lnc), "--value-layout", "BNLC",
+               "--report"])
     out = capsys.readouterr().out
     assert "forward output" in out and "grad_value" in out and "cost report" in out
     assert "forward kernel: modelled time" in out and "backward kernel: modelled time" in out
     assert rc == 0, out
+    # the detail comes after the short summary, which ends with the verdict
+    assert out.index("CHECK PASSED") < out.index("== forward kernel cost report ==")
+
+
+def test_check_shows_the_verdict_errors_and_modelled_times_first():
+    """First contact: a short summary (shape, the error table, modelled times, the verdict)
+    and one line saying how to get the cost reports; no cost report unless --report."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        rc = main(["check", "--preset", "tiny"])
+    lines = buffer.getvalue().splitlines()
+    assert rc == 0, lines
+    assert not any("cost report" in line for line in lines[:-1]), lines
+    assert len(lines) <= 18, lines  # was 63, both cost reports in the middle
+    assert lines[-2] == "CHECK PASSED", lines
+    assert lines[-1] == "(cost reports of both kernels: nkilib-msda check --report)", lines
+    table = [line for line in lines if line.startswith("| ")]
+    assert len(table) == 1 + 4 and all(line.endswith("| ok |") for line in table[1:]), table
+    modelled = [line for line in lines if "kernel: modelled time" in line]
+    assert [line.split(":")[0] for line in modelled] == ["forward kernel", "backward kernel"]
 
 
 def test_profile_writes_trace_and_png(tmp_path, capsys):
