@@ -288,8 +288,10 @@ def test_readme_starts_with_the_quick_start_and_its_kernel_inputs():
 
 
 def test_ci_runs_the_readme_quick_start():
-    """README, Quick start: "CI (.ci/run) runs these two commands", each part (``&&``)
-    spelled ``python -m pip install -q`` and ``python -m pytest ...``."""
+    """README, Quick start: CI (.ci/run) builds a fresh virtual environment in a temporary
+    directory and runs the two commands in it, each part (``&&``) spelled
+    ``python -m pip install -q`` and ``python -m pytest ...``; the CPU quick start installs no
+    ``gpu`` extra (Triton is for NVIDIA GPUs only)."""
     readme = (ROOT / "README.md").read_text()
     quick = readme.split("\n## Quick start\n")[1].split("\n## ")[0]
     commands = [line.split("#")[0].strip() for line in
@@ -297,10 +299,21 @@ def test_ci_runs_the_readme_quick_start():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
     assert len(commands) == 2
+    assert not any("gpu" in c for c in commands), commands
+    found = []
     for command in (part.strip() for c in commands for part in c.split("&&")):
         spelled = (command.replace("pip install", "python -m pip install -q")
                    .replace("pytest", "python -m pytest"))
-        assert any(spelled in line for line in ci_lines), f".ci/run lacks: {spelled}"
+        at = [i for i, line in enumerate(ci_lines) if spelled in line]
+        assert at, f".ci/run lacks: {spelled}"
+        found.append(at[0])
+    # the venv is made in a fresh temporary directory and activated before the first install
+    tmp = next(i for i, line in enumerate(ci_lines) if re.fullmatch(r'(\w+)="\$\(mktemp -d\)"', line))
+    name = re.fullmatch(r'(\w+)=.*', ci_lines[tmp]).group(1)
+    venv = ci_lines.index(f'python3 -m venv "${name}/venv"')
+    activate = next(i for i, line in enumerate(ci_lines) if line.startswith(f'. "${name}/venv/bin/activate"'))
+    assert tmp < venv < activate < min(found), ci_lines
+    assert found == sorted(found), "the commands run in the README's order"
 
 
 # ---------------------------------------------------------------------------- (b) api.md
