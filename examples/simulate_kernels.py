@@ -67,7 +67,10 @@ def main() -> None:
     parser.add_argument("--loc-layout", choices=["BQHLP2", "B2QHLP"], default="BQHLP2")
     parser.add_argument("--align-corners", action="store_true")
     parser.add_argument("--padding-mode", choices=["zeros", "border"], default="zeros")
-    parser.add_argument("--lnc", type=int, choices=[1, 2], default=2)
+    # The default is the package's one rule for the LNC degree (as `nkilib-msda check` and
+    # `simulate`): NEURON_LOGICAL_NC_CONFIG, else 1.
+    parser.add_argument("--lnc", type=int, choices=[1, 2], default=None,
+                        help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, else 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="errors only, no cost reports")
     args = parser.parse_args()
@@ -84,7 +87,8 @@ def main() -> None:
     fwd_time = time.perf_counter() - start
     ref_out = ms_deformable_attention_ref(arrays["value"], *common, arrays["loc"], arrays["attn"],
                                           *options)
-    print(f"forward  ({fwd_time:.1f} s simulated): output max relative error "
+    lnc = fwd_report.to_dict()["num_programs"]
+    print(f"forward  (LNC {lnc}, {fwd_time:.1f} s simulated): output max relative error "
           f"{relative_error(out, ref_out):.2e}  dtype {out.dtype}")
 
     start = time.perf_counter()
@@ -95,7 +99,7 @@ def main() -> None:
                                                 arrays["loc"], arrays["attn"], *options)
     names = ("grad_value", "grad_sampling_locations", "grad_attention_weights")
     errors = "  ".join(f"{n} {relative_error(g, r):.2e}" for n, g, r in zip(names, grads, ref_grads))
-    print(f"backward ({bwd_time:.1f} s simulated): max relative errors {errors}")
+    print(f"backward (LNC {lnc}, {bwd_time:.1f} s simulated): max relative errors {errors}")
     if not args.quiet:
         print("\n== forward cost report ==\n" + str(fwd_report))
         print("\n== backward cost report ==\n" + str(bwd_report))

@@ -1,14 +1,14 @@
 """The docs are true of the code.
 
-(a) Every ```python block of README.md, examples/README.md, docs/emulator.md and
-    docs/block_attn_res.md runs as
-    written. Blocks elide some inputs (``value, spatial_shapes, ...``, ``query, ...``); the
-    harness below supplies small random ones, chosen by what the block calls, and then checks
-    the block's results against the float64 reference. Only two textual substitutions are made,
-    both for literal ``...`` argument lists: ``(...)`` -> the block's own forward arguments and
-    ``(value, ...)`` -> ``(value)``. ``from_pretrained`` (network) is monkeypatched to build a
-    tiny randomly initialised model from a config. A new block that needs an input the harness
-    does not know fails with NameError: extend ``_placeholders``.
+(a) Every ```python block of README.md, examples/README.md and docs/*.md runs as written
+    (``NOT_RUN`` lists the blocks that cannot run here, each with its reason; it is empty: no
+    block needs a GPU or a Neuron device). Blocks elide some inputs (``value, spatial_shapes,
+    ...``, ``query, ...``); the harness below supplies small random ones, chosen by what the
+    block calls, and then checks the block's results against the float64 reference. One
+    textual substitution is made, for the literal ``...`` argument list of docs/emulator.md's
+    API sketch: ``(value, ...)`` -> ``(value)``. ``from_pretrained`` (network) is monkeypatched
+    to build a tiny randomly initialised model from a config. A new block that needs an input
+    the harness does not know fails with NameError: extend ``_placeholders``.
 (b) The public signatures written in docs/api.md (parameter names, order, kinds, defaults) are
     parsed from api.md itself and compared with ``inspect.signature`` of the code.
 """
@@ -28,7 +28,11 @@ import pytest
 from nkilib_msda.workloads import QUANTITIES, max_relative_error, tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_WITH_SNIPPETS = ("README.md", "examples/README.md", "docs/emulator.md", "docs/block_attn_res.md")
+DOC_FILES = ("README.md", "examples/README.md",
+             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+# (file, index of its python block) -> why the block cannot run in the test suite. Keep it short:
+# only blocks that need hardware (a GPU, a Neuron device) belong here.
+NOT_RUN: dict[tuple[str, int], str] = {}
 
 
 # ----------------------------------------------------------------------------- (a) snippets
@@ -38,8 +42,8 @@ def _python_blocks(relpath: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / relpath).read_text(), re.S)
 
 
-SNIPPETS = [(path, i, code) for path in DOCS_WITH_SNIPPETS
-            for i, code in enumerate(_python_blocks(path))]
+SNIPPETS = [(path, i, code) for path in DOC_FILES
+            for i, code in enumerate(_python_blocks(path)) if (path, i) not in NOT_RUN]
 
 # The tiny problem the elided MSDA inputs use: 2 levels, L = 80, 3 query tiles' worth of samples.
 _SHAPES = ((8, 8), (4, 4))
@@ -89,8 +93,8 @@ def _copy_kernel():
     return copy
 
 
-def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
-                  ) -> tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]:
+def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator,
+                  tmp_path: Path) -> tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]:
     """(code to run, the elided names it needs, a check of its results)."""
     checks: list[Callable[[dict[str, Any]], None]] = []
     names: dict[str, Any] = {}
@@ -100,8 +104,6 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
         from nkilib_msda.simulator.report import CostReport
 
         names.update(_msda_numpy_inputs(rng))  # a block that builds its own inputs overrides them
-        code = code.replace("(...)", "(value, spatial_shapes, level_start_index, sampling_locations, "
-                                     "attention_weights)")
 
         def check_kernels(ns: dict[str, Any]) -> None:
             args = {k: ns[k] for k in ("value", "spatial_shapes", "level_start_index",
@@ -137,7 +139,8 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
             np.testing.assert_allclose(ns["out"], other.numpy(), rtol=1e-10, atol=1e-12)
         checks.append(check_reference)
 
-    if "nkilib_msda.multi_scale_deformable_attention(" in code:
+    per_level_points = "num_points=(3, 6, 3)" in code  # checked by its own branch below
+    if "nkilib_msda.multi_scale_deformable_attention(" in code and not per_level_points:
         def check_functional(ns: dict[str, Any]) -> None:
             from nkilib_msda.reference import ms_deformable_attention_ref
 
@@ -149,7 +152,7 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
                 assert t.grad is not None and bool(t.grad.isfinite().all()) and t.grad.abs().max() > 0
         checks.append(check_functional)
 
-    if "MSDeformAttn(" in code:
+    if "MSDeformAttn(" in code and not per_level_points:
         import torch
 
         levels = ((8, 8), (4, 4), (2, 2), (1, 1))
@@ -242,7 +245,26 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
                     assert leaf.grad is not None and _max_rel(arr(leaf.grad), ref) <= 2e-2
         checks.append(check_block_attn_res)
 
-    if "simulate(kernel" in code:
+    if "simulate(kernel" in code and "(*args)" in code:  # docs/timing.md: any kernel, its args
+        from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
+        from nkilib_msda.reference import ms_deformable_attention_ref
+
+        inputs = _msda_numpy_inputs(rng)
+        args = tuple(inputs[k] for k in ("value", "spatial_shapes", "level_start_index",
+                                         "sampling_locations", "attention_weights"))
+        names.update(kernel=ms_deformable_attention, args=args)
+        monkeypatch.chdir(tmp_path)  # the block writes kernel.trace.json
+
+        def check_timing(ns: dict[str, Any]) -> None:
+            assert _max_rel(ns["out"], ms_deformable_attention_ref(*args)) <= tolerance("output", "bfloat16")
+            t = ns["t"]
+            assert t.low_us <= t.estimate_us <= t.high_us and t.bound_by
+            assert ns["report"].to_dict()["num_programs"] == 2  # lnc=2
+            trace = __import__("json").loads((tmp_path / "kernel.trace.json").read_text())
+            assert {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
+        checks.append(check_timing)
+
+    elif "simulate(kernel" in code:
         names.update(kernel=_copy_kernel(), value=rng.standard_normal((4, 8)).astype(np.float32))
         code = code.replace("(value, ...)", "(value)")
 
@@ -251,6 +273,45 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
             assert ns["report"].to_dict()["num_programs"] == 1
         checks.append(check_simulate)
 
+    if per_level_points:  # docs/torch.md, "Per-level point counts"
+        import torch
+
+        import nkilib_msda
+
+        g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+        levels = ((8, 8), (4, 4), (2, 2))
+        names.update(nkilib_msda=nkilib_msda, spatial_shapes=levels,
+                     value=torch.randn(2, 84, 8, 32, generator=g),
+                     sampling_locations=torch.rand(2, 5, 8, 12, 2, generator=g),
+                     attention_weights=torch.rand(2, 5, 8, 12, generator=g))
+
+        def check_points(ns: dict[str, Any]) -> None:
+            per_level = nkilib_msda.multi_scale_deformable_attention(
+                names["value"], levels, None, names["sampling_locations"],
+                names["attention_weights"], num_points=(3, 6, 3))
+            assert ns["out"].shape == (2, 5, 256)
+            torch.testing.assert_close(ns["out"], per_level, rtol=1e-5, atol=1e-5)  # v2 == functional
+            assert ns["attn"].n_points == (3, 6, 3)
+        checks.append(check_points)
+
+    if "bk.bucket_grid(" in code:  # docs/torch.md, "Static shapes on Trainium"
+        import torch
+
+        g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+        # 420 x 440 at most: the (448, 448) bucket; a 4-level stride-8..64 backbone on it
+        names.update(list_of_chw_images=[torch.randn(3, 400, 300, generator=g),
+                                         torch.randn(3, 420, 440, generator=g)],
+                     shapes=((56, 56), (28, 28), (14, 14), (7, 7)),
+                     box_or_point_refs=torch.rand(2, 10, 2, generator=g))
+
+        def check_buckets(ns: dict[str, Any]) -> None:
+            length = 56 * 56 + 28 * 28 + 14 * 14 + 7 * 7
+            assert len(ns["buckets"]) == 9 and ns["images"].shape == (2, 3, 448, 448)
+            assert ns["padding"].shape == (2, length) and ns["ratios"].shape == (2, 4, 2)
+            assert ns["enc_ref"].shape == (2, length, 4, 2) and ns["dec_ref"].shape == (2, 10, 4, 2)
+            assert bool(ns["padding"][0].any()) and not bool(ns["mask"][1, :420, :440].any())
+        checks.append(check_buckets)
+
     def check_all(ns: dict[str, Any]) -> None:
         for check in checks:
             check(ns)
@@ -258,20 +319,26 @@ def _placeholders(code: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Gen
 
 
 @pytest.mark.parametrize("path,index,code", SNIPPETS, ids=[f"{p}[{i}]" for p, i, _ in SNIPPETS])
-def test_doc_snippet_runs(path, index, code, monkeypatch):
-    if re.search(r"\btorch\b|nkilib_msda\.(multi_scale|patch)|MSDeformAttn|block_attn_res\(", code):
+def test_doc_snippet_runs(path, index, code, monkeypatch, tmp_path):
+    if re.search(r"\btorch\b|nkilib_msda\.(multi_scale|patch)|MSDeformAttn|block_attn_res\(|"
+                 r"bucket_grid|num_points=", code):
         pytest.importorskip("torch")
     monkeypatch.setenv("NKILIB_MSDA_NKI", "emulator")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for var in ("NKILIB_MSDA_BACKEND", "NKILIB_MSDA_SIM_LNC"):
         monkeypatch.delenv(var, raising=False)
-    code, namespace, check = _placeholders(code, monkeypatch, np.random.default_rng(index))
+    code, namespace, check = _placeholders(code, monkeypatch, np.random.default_rng(index), tmp_path)
     exec(compile(code, f"{path}[python block {index}]", "exec"), namespace)  # noqa: S102
     check(namespace)
 
 
-def test_every_doc_with_snippets_has_some():
-    assert {p for p, _, _ in SNIPPETS} == set(DOCS_WITH_SNIPPETS)
+def test_every_python_block_of_the_docs_runs_or_says_why_not():
+    """Every ```python block of README.md, examples/README.md and docs/*.md is collected above,
+    except the NOT_RUN entries, which name existing blocks and give a reason."""
+    blocks = {(p, i) for p in DOC_FILES for i, _ in enumerate(_python_blocks(p))}
+    assert {(p, i) for p, i, _ in SNIPPETS} | set(NOT_RUN) == blocks
+    assert set(NOT_RUN) <= blocks and all(reason.strip() for reason in NOT_RUN.values())
+    assert {"README.md", "docs/timing.md", "docs/torch.md"} <= {p for p, _ in blocks}
 
 
 def test_readme_starts_with_the_quick_start_and_its_kernel_inputs():

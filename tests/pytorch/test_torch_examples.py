@@ -21,10 +21,15 @@ def _run(script: str, *args: str, timeout: int = 300) -> str:
     return result.stdout
 
 
-def test_simulate_kernels_example():
+@pytest.mark.parametrize("lnc", ["", "2"], ids=["unset", "2"])
+def test_simulate_kernels_example(monkeypatch, lnc):
+    """Its --lnc default is the package's rule, as `nkilib-msda check`'s: NEURON_LOGICAL_NC_CONFIG,
+    else 1 (it used to be 2)."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
     out = _run("simulate_kernels.py", "--queries", "40", "--quiet")
     lines = [line for line in out.splitlines() if "relative error" in line]
     assert len(lines) == 2
+    assert all(f"(LNC {lnc or 1}, " in line for line in lines), lines
     errors = [float(tok) for line in lines for tok in line.replace(",", " ").split()
               if tok[:1].isdigit() and "e" in tok]
     assert len(errors) == 4 and max(errors) < 2e-2
