@@ -23,7 +23,26 @@ __all__ = [
     "PARTITIONS", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
     "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "PLANNER_SBUF_BUDGET", "MAX_LNC", "DMA_TRANSPOSE_MAX_FREE",
     "core_info", "core_barrier", "usable_sbuf_bytes", "kernel_sbuf_budget",
+    "explain_argument_errors", "EMULATOR_ARGUMENT_CHECK",
 ]
+
+# The attribute of a kernel's Python function that the emulator reads (simulator/jit.py).
+EMULATOR_ARGUMENT_CHECK = "emulator_argument_check"
+
+
+def explain_argument_errors(kernel: Any, check: Any) -> None:
+    """Give ``kernel`` (an ``nki.jit`` kernel) an argument check for the emulator.
+
+    The emulator turns the caller's arrays into kernel tensors before the kernel runs and
+    rejects some of them there (an empty tensor: NKI tensors hold at least one element), so
+    the kernel's own validation, which would explain why (N_l = 0: ``spatial_shapes``), never
+    runs. When that conversion fails, the emulator calls ``check`` with the caller's arguments
+    first, and its error is the one raised. Valid calls never run it. A real ``nki.jit`` kernel
+    is left as it is (only the emulator's ``JitKernel`` keeps its function as ``.func``)."""
+    func = getattr(kernel, "func", None)
+    if callable(func):
+        setattr(func, EMULATOR_ARGUMENT_CHECK, check)
+
 
 
 def core_info() -> tuple[int, int]:

@@ -33,7 +33,7 @@ from nkilib_msda.simulator.context import (ExecutionContext, ProgramScheduler, S
                                            SimOptions, activate, current_or_none)
 from nkilib_msda.simulator.kernel_io import (check_signature, flatten_outputs, KernelInputs,
                                              same_output, output_to_numpy, to_torch)
-from nkilib_msda.simulator.errors import (OtherProgramAborted, env_error,
+from nkilib_msda.simulator.errors import (NkiError, OtherProgramAborted, env_error,
                                           nki_error)
 from nkilib_msda.simulator.progress import Progress, ProgressDisplay, progress_spec
 from nkilib_msda.simulator.report import CostReport
@@ -144,7 +144,15 @@ class _Runner:
         except TypeError as exc:
             raise TypeError(f"{func.__qualname__}: {exc}") from None
         inputs = KernelInputs()
-        kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
+        try:
+            kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
+        except NkiError:
+            # the kernel's own check, where it has one, explains a rejected argument better
+            # (experimental/kernel_commons.py, explain_argument_errors)
+            check = getattr(func, "emulator_argument_check", None)
+            if check is not None:
+                check(*bound.args, **bound.kwargs)
+            raise
         shared = SharedState(self.lnc, self.target, self.options,
                              ProgramScheduler(self.lnc, self.options.barrier_timeout_s),
                              timeline=Timeline(self.target.name, self.lnc)

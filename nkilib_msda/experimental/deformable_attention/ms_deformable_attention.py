@@ -60,7 +60,7 @@ from nkilib_msda.experimental.deformable_attention import _sampling as smp
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention import corner_blocks as cb
 from nkilib_msda.experimental.deformable_attention.plan.corner_plan import resolve_gather_layout
-from nkilib_msda.experimental.kernel_commons import core_info
+from nkilib_msda.experimental.kernel_commons import core_info, explain_argument_errors
 from nkilib_msda.experimental.deformable_attention.plan.forward_config import (
     COORD_SCRATCH_WORDS, PARTITIONS, ForwardConfig, plan_forward)
 from nkilib_msda.hardware import KERNEL_DTYPES
@@ -424,3 +424,16 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
                           attention_weights, oob_row)
         _gather_and_reduce(buf, cfg, i, b, tile, value_rows, rows_per_batch, counters, out)
     return out
+
+
+def _check_arguments(value: Any, spatial_shapes: Any, level_start_index: Any,
+                     sampling_locations: Any, attention_weights: Any, value_layout: str = "BLNC",
+                     sampling_locations_layout: str = "BQHLP2", align_corners: bool = False,
+                     padding_mode: str = "zeros", **tuning: Any) -> None:
+    """The kernel's argument validation on the caller's arrays (explain_argument_errors)."""
+    validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations,
+                       attention_weights, value_layout, sampling_locations_layout, align_corners,
+                       padding_mode, padding_modes=KERNEL_PADDING_MODES)
+
+
+explain_argument_errors(ms_deformable_attention, _check_arguments)

@@ -43,7 +43,8 @@ from nkilib_msda.experimental.deformable_attention.plan.backward_config import p
 from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
-from nkilib_msda.experimental.kernel_commons import core_barrier, core_info, kernel_sbuf_budget
+from nkilib_msda.experimental.kernel_commons import (core_barrier, core_info, explain_argument_errors,
+                                                     kernel_sbuf_budget)
 from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, dtype_name, validate_msda_args
 
 __all__ = ["ms_deformable_attention_bwd"]
@@ -397,3 +398,15 @@ class _BackwardKernel:
                     prow = (b * 2 + c) * plane + q_row
                     nisa.dma_copy(dst=_rows_ap(out2d, prow, n, blocks, rpb), src=gsl[:, :, c])
 
+
+
+def _check_arguments(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                     attention_weights, value_layout="BLNC", sampling_locations_layout="BQHLP2",
+                     align_corners=False, padding_mode="zeros", **tuning):
+    """The kernel's argument validation on the caller's arrays (explain_argument_errors)."""
+    validate_msda_args(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                       value_layout, sampling_locations_layout, align_corners, padding_mode,
+                       grad_output=grad_output, padding_modes=KERNEL_PADDING_MODES)
+
+
+explain_argument_errors(ms_deformable_attention_bwd, _check_arguments)

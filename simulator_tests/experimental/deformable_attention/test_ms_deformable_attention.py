@@ -262,3 +262,21 @@ def test_ragged_tiles_gather_only_real_queries(gather, kind):
     assert stats["hbm_bytes"] == 4 * samples * c.head_dim * 2
     padded = 4 * (2 * 128 - 70) * 2 * 4 * 2       # two cores, 35 real partitions each
     assert stats["skipped_descriptors"] == (padded if gather == "transpose" else 0)
+
+
+@pytest.mark.parametrize("kernel", ["forward", "backward"])
+def test_no_levels_names_spatial_shapes_not_an_empty_tensor(kernel):
+    """N_l = 0 makes value (L = 0), the locations and the weights empty; the emulator rejects
+    empty tensors before the kernel runs, so it asks the kernel's own argument check first:
+    the error names spatial_shapes (it used to blame value's shape)."""
+    from nkilib_msda.experimental.deformable_attention import ms_deformable_attention_bwd
+    from nkilib_msda.simulator import simulate
+
+    args = dict(value=np.zeros((1, 0, 2, 8), np.float32), spatial_shapes=(), level_start_index=(),
+                sampling_locations=np.zeros((1, 5, 2, 0, 1, 2), np.float32),
+                attention_weights=np.zeros((1, 5, 2, 0, 1), np.float32))
+    with pytest.raises(ValueError, match=r"^spatial_shapes: expected at least one \(H, W\) pair, got \(\)$"):
+        if kernel == "forward":
+            simulate(ms_deformable_attention)(**args)
+        else:
+            simulate(ms_deformable_attention_bwd)(np.zeros((1, 5, 16), np.float32), **args)
