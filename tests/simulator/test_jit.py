@@ -397,13 +397,24 @@ def test_forgotten_kernel_is_a_short_type_error():
 
 
 def test_zero_levels_is_a_value_error():
-    """N_l = 0 leaves empty location/weight arrays: a ValueError (also an NkiError)."""
+    """N_l = 0 leaves empty location/weight arrays, which the emulator rejects before the
+    kernel runs: the MSDA kernel's own argument check explains why (a ValueError naming
+    spatial_shapes); a kernel without one gets the emulator's NkiArgumentError (a ValueError)."""
     from nkilib_msda.experimental.deformable_attention import ms_deformable_attention
 
     args = _msda_inputs()
     args.update(spatial_shapes=(), level_start_index=(),
                 sampling_locations=args["sampling_locations"][:, :, :, :0],
                 attention_weights=args["attention_weights"][:, :, :, :0])
-    with pytest.raises(ValueError, match="empty tensor") as err:
+    with pytest.raises(ValueError, match="^spatial_shapes: expected at least one"):
         simulate(ms_deformable_attention)(**args)
+
+    @nki.jit
+    def first_row(x):
+        out = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x[0:1, :])
+        return out
+
+    with pytest.raises(ValueError, match="empty tensor") as err:
+        simulate(first_row)(np.zeros((0, 4), np.float32))
     assert isinstance(err.value, NkiError)
