@@ -81,3 +81,25 @@ def test_kernel_package_answers_the_old_torch_path_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match="import it from nkilib_msda"):
         old = kernels.block_attn_res
     assert old is nkilib_msda.block_attn_res
+
+
+# Top-level names of the dependencies (required and optional): a test folder on sys.path must
+# not hold a folder or module of one of these names.
+_DEPENDENCY_NAMES = ("numpy", "ml_dtypes", "tqdm", "torch", "triton", "transformers", "kernels",
+                     "scipy", "PIL", "matplotlib", "hypothesis", "pytest", "xdist")
+
+
+def test_no_test_folder_shadows_a_dependency():
+    """pytest (prepend import mode) puts each folder holding test files and no __init__.py on
+    sys.path. A folder named like a dependency beside such files (e.g. tests/backends/triton next
+    to a test module in tests/backends) becomes an importable namespace package where the
+    dependency is not installed: ``importorskip("triton")`` then does not skip, and
+    transformers, which looks for triton, fails (seen on the CPU quick start, no gpu extra)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    on_path = {p.parent for top in ("tests", "simulator_tests") for p in (root / top).rglob("*.py")
+               if p.name.startswith(("test_", "conftest")) and not (p.parent / "__init__.py").exists()}
+    shadows = sorted(str((d / name).relative_to(root)) for d in on_path for name in _DEPENDENCY_NAMES
+                     if (d / name).is_dir() or (d / f"{name}.py").is_file())
+    assert not shadows, shadows

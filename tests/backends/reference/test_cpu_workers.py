@@ -142,7 +142,7 @@ def _drain_pool(workers: int) -> None:
 
 _CTRL_C = """
 import signal, threading, torch
-from nkilib_msda.backends import _cpu_workers
+from nkilib_msda.backends.reference import _cpu_workers
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.set_num_threads(2)
