@@ -12,6 +12,12 @@ from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args  # noqa:
 from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
 
+def _needs_triton() -> None:
+    """For the tests of reasons and launches that Triton's presence comes before (the CPU quick
+    start installs no `gpu` extra)."""
+    pytest.importorskip("triton", reason="triton is an optional dependency (the `gpu` extra)")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_contexts():
     """Support reasons are cached per call signature; these tests change the environment."""
@@ -87,6 +93,7 @@ def test_reflection_padding_is_unsupported():
 
 
 def test_float64_value_is_unsupported(monkeypatch):
+    _needs_triton()  # without it the first reason is "triton is not installed"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     value = torch.zeros(1, 1, 1, 1, dtype=torch.float64)
     reason = tb.unsupported_reason(problem(), value, value.float())
@@ -113,6 +120,7 @@ def test_deterministic_defaults_to_torch_setting(monkeypatch):
 
 
 def test_cpu_reason_says_cuda_tensors_and_interpreter(monkeypatch):
+    _needs_triton()  # without it the first reason is "triton is not installed"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     value = torch.zeros(1, 1, 1, 1)
     reason = tb.unsupported_reason(problem(), value, value)
@@ -127,6 +135,7 @@ def test_missing_triton_reason_says_not_installed(monkeypatch):
 
 
 def test_forward_on_cpu_without_interpreter_raises_value_error(monkeypatch):
+    _needs_triton()  # without it the first reason is "triton is not installed"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     value = torch.zeros(1, 20, 1, 4)
     loc = torch.zeros(1, 3, 1, 1, 1, 2)
@@ -213,6 +222,7 @@ def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
 
 @pytest.mark.parametrize("queries,points", [(22223, 4), (300, 4), (18000, 8)])
 def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kernel(queries, points):
+    _needs_triton()  # without it the first reason is "triton is not installed"
     from nkilib_msda.backends.triton.kernels.backward import (msda_backward_kernel,
                                                               msda_backward_samples_kernel)
 
