@@ -23,11 +23,8 @@ __all__ = [
     "PARTITIONS", "PSUM_BANK_BYTES", "PSUM_BANKS", "PSUM_BYTES", "PSUM_BANK_FP32",
     "FP32_EXACT_INT_MAX", "DTYPE_BYTES", "PLANNER_SBUF_BUDGET", "MAX_LNC", "DMA_TRANSPOSE_MAX_FREE",
     "core_info", "core_barrier", "usable_sbuf_bytes", "kernel_sbuf_budget",
-    "explain_argument_errors", "EMULATOR_ARGUMENT_CHECK",
+    "explain_argument_errors",
 ]
-
-# The attribute of a kernel's Python function that the emulator reads (simulator/jit.py).
-EMULATOR_ARGUMENT_CHECK = "emulator_argument_check"
 
 
 def explain_argument_errors(kernel: Any, check: Any) -> None:
@@ -37,12 +34,11 @@ def explain_argument_errors(kernel: Any, check: Any) -> None:
     rejects some of them there (an empty tensor: NKI tensors hold at least one element), so
     the kernel's own validation, which would explain why (N_l = 0: ``spatial_shapes``), never
     runs. When that conversion fails, the emulator calls ``check`` with the caller's arguments
-    first, and its error is the one raised. Valid calls never run it. A real ``nki.jit`` kernel
-    is left as it is (only the emulator's ``JitKernel`` keeps its function as ``.func``)."""
-    func = getattr(kernel, "func", None)
-    if callable(func):
-        setattr(func, EMULATOR_ARGUMENT_CHECK, check)
-
+    first, and its error is the one raised (``JitKernel.set_argument_check``). Valid calls never
+    run it. A real ``nki.jit`` kernel, which has no such method, is left as it is."""
+    set_check = getattr(kernel, "set_argument_check", None)
+    if callable(set_check):
+        set_check(check)
 
 
 def core_info() -> tuple[int, int]:

@@ -61,6 +61,10 @@ def lnc_degree() -> int | None:
     return degree
 
 
+# Where JitKernel.set_argument_check keeps a kernel's argument check (on its Python function).
+_ARGUMENT_CHECK = "emulator_argument_check"
+
+
 class JitKernel:
     """A ``@nki.jit`` kernel. ``kernel[lnc]`` sets the LNC degree; calling it with NumPy
     arrays outside a running kernel simulates it; inside a kernel it is a plain call."""
@@ -71,6 +75,13 @@ class JitKernel:
         self.lnc = lnc
         self.options = dict(options or {})
         functools.update_wrapper(self, func)
+
+    def set_argument_check(self, check: Callable[..., Any]) -> None:
+        """Give this kernel an argument check that :func:`simulate` calls with the caller's
+        arguments when it cannot turn them into kernel tensors (e.g. an empty array), so the
+        kernel's own error explains the call; valid calls never run it. Kept on the Python
+        function, so ``kernel[2]`` and ``simulate(kernel)`` share it."""
+        setattr(self.func, _ARGUMENT_CHECK, check)
 
     def __getitem__(self, lnc: Any) -> "JitKernel":
         if isinstance(lnc, tuple) or isinstance(lnc, bool) or not isinstance(lnc, (int, np.integer)) \
@@ -148,8 +159,8 @@ class _Runner:
             kargs = {name: inputs.convert(v, name) for name, v in bound.arguments.items()}
         except NkiError:
             # the kernel's own check, where it has one, explains a rejected argument better
-            # (experimental/kernel_commons.py, explain_argument_errors)
-            check = getattr(func, "emulator_argument_check", None)
+            # (JitKernel.set_argument_check)
+            check = getattr(func, _ARGUMENT_CHECK, None)
             if check is not None:
                 check(*bound.args, **bound.kwargs)
             raise
