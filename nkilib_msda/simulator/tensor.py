@@ -317,13 +317,22 @@ class NkiTensor(_ViewBase):
         return self._derive(shape, _c_strides(shape), self.offset)
 
     def view(self, dtype: Any) -> "NkiTensor":
-        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio."""
+        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio.
+
+        The last dimension must be contiguous in memory for every dtype pair, same-size ones
+        included (NkiTensor.view, "Constraints", NKI 0.7 page
+        https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/nki/api/generated/nki.language.NkiTensor.html);
+        a strided or broadcast view is reinterpreted with ``.ap(pattern, dtype=...)`` instead."""
         new = to_nki_dtype(dtype)
         old_size, new_size = self.dtype.itemsize, new.itemsize
+        if not self.shape or (self.shape[-1] != 1 and self.strides[-1] != 1):
+            raise nki_error("view", "last dimension contiguous",
+                            f"the last dimension must be contiguous in memory to reinterpret "
+                            f"{self.dtype} as {new}, got shape {self.shape} with strides "
+                            f"{self.strides}; reinterpret a strided view with "
+                            f".ap(view.get_pattern(), dtype={new})")
         if old_size == new_size:
             return self._derive(self.shape, self.strides, self.offset, new)
-        if not self.shape or (self.shape[-1] != 1 and self.strides[-1] != 1):
-            raise nki_error("view", "contiguity", "the last dim must have stride 1 to reinterpret")
         last_bytes = self.shape[-1] * old_size
         if last_bytes % new_size:
             raise nki_error("view", "size", f"last dim of {last_bytes} B is not a multiple of "

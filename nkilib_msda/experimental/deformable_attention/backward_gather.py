@@ -122,7 +122,7 @@ class CornerGather:
             for slot, dst in ((0, dc), (1, other)):
                 crd.mask_bits(dst, d[:, :, :, slot:slot + 1].broadcast(3, 2),
                               masks[:, slot].expand_dim(2).broadcast(2, 2))
-            nisa.tensor_tensor(dst=dc.view(nl.int32), data1=dc.view(nl.int32), data2=other.view(nl.int32),
+            nisa.tensor_tensor(dst=crd.int32_bits(dc), data1=crd.int32_bits(dc), data2=crd.int32_bits(other),
                                op=nl.bitwise_or)
         # A corner outside the map read its clamped pixel: its dot product is exactly 0.
         dc = t.dc[0:n, 0:f, :]

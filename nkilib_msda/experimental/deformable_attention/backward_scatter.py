@@ -49,7 +49,7 @@ class GradValueScatter:
             coef = t.pair_coef[0:n, 0:f, :]
             # pair slot (a, s) is written by some valid corner: OR_b (in slot s)_b & valid_ab
             vb = t.vbits[0:n, 0:f, :].reshape_dim(2, (2, 2))
-            tmp_i = tmp.view(nl.int32)
+            tmp_i = crd.int32_bits(tmp)
             pb = t.pair_bits[0:n, 0:f, :].reshape_dim(2, (2, 2))
             for slot in range(2):
                 nisa.tensor_tensor(dst=tmp_i, data1=masks[:, slot].expand_dim(2).broadcast(2, 2), data2=vb,

@@ -29,7 +29,7 @@ from typing import Any
 
 from nkilib_msda._nki import nisa, nl
 
-__all__ = ["NORMALIZED_BOUND", "pixel_scale", "pixel_range", "remove_nan", "pixel_transform",
+__all__ = ["NORMALIZED_BOUND", "int32_bits", "pixel_scale", "pixel_range", "remove_nan", "pixel_transform",
            "floor_and_fraction", "clamp_corner", "corner_validity", "apply_mask",
            "corner_bits", "mask_bits"]
 
@@ -37,6 +37,17 @@ __all__ = ["NORMALIZED_BOUND", "pixel_scale", "pixel_range", "remove_nan", "pixe
 # range for every scale >= 1 (-3 s - 0.5 <= -2 and 4 s - 0.5 >= s + 1 for s >= 1; with
 # align_corners s = size - 1 >= 1 for size >= 2; size 1 with align_corners has s = 0).
 NORMALIZED_BOUND = (-3.0, 4.0)
+
+
+def int32_bits(view: Any) -> Any:
+    """The int32 reinterpretation of a 4-byte (fp32) view of any strides, same shape.
+
+    Built with ``.ap(view.get_pattern(), dtype=nl.int32)``: ``NkiTensor.view(dtype)`` requires
+    a contiguous last dimension ("The last dimension must be contiguous in memory", NkiTensor
+    page, NKI 0.7), which the strided coordinate views (BQHLP2 x/y interleave, the backward's
+    u/v) and the stride-0 broadcasts of the pair select do not have; ``ap``'s ``dtype``
+    reinterprets any pattern (docs/conformance.md, "Views")."""
+    return view.ap(view.get_pattern(), dtype=nl.int32)
 
 
 def pixel_scale(size: int, align_corners: bool) -> tuple[float, float]:
@@ -58,7 +69,7 @@ def remove_nan(dst: Any, src: Any, mask: Any) -> None:
     where src is a number, 0 where it is NaN. ``dst`` may alias ``src``."""
     nisa.tensor_tensor(dst=mask, data1=src, data2=src, op=nl.equal)
     nisa.tensor_scalar(dst=mask, data=mask, op0=nl.multiply, operand0=-1.0)  # 1 -> 0xFFFFFFFF
-    nisa.tensor_tensor(dst=dst.view(nl.int32), data1=src.view(nl.int32), data2=mask,
+    nisa.tensor_tensor(dst=int32_bits(dst), data1=int32_bits(src), data2=mask,
                        op=nl.bitwise_and)
 
 
@@ -102,7 +113,7 @@ def corner_validity(valid: Any, clamped: Any, unclamped: Any) -> None:
 
 def apply_mask(valid: Any, mask: Any) -> None:
     """valid &= mask (bitwise on int32 views): 1.0 stays 1.0 where the mask is all ones."""
-    nisa.tensor_tensor(dst=valid.view(nl.int32), data1=valid.view(nl.int32), data2=mask,
+    nisa.tensor_tensor(dst=int32_bits(valid), data1=int32_bits(valid), data2=mask,
                        op=nl.bitwise_and)
 
 
@@ -115,5 +126,5 @@ def corner_bits(bits: Any, valid_a: Any, valid_b: Any) -> None:
 def mask_bits(dst: Any, data: Any, bits: Any) -> None:
     """dst = data where bits is all ones, +0.0 where it is 0 (bitwise, so inf/NaN in data
     survive only where the corner is valid). dst/data: fp32 views; bits: int32 view."""
-    nisa.tensor_tensor(dst=dst.view(nl.int32), data1=data.view(nl.int32), data2=bits,
+    nisa.tensor_tensor(dst=int32_bits(dst), data1=int32_bits(data), data2=bits,
                        op=nl.bitwise_and)

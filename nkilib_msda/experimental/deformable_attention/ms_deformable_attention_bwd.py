@@ -39,6 +39,7 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nki, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import backward_sampling as smp
+from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
@@ -337,7 +338,7 @@ class _BackwardKernel:
         loads each in turn (column 2 keeps the running maximum) and tile 0 again at the end."""
         t = self.t
         scale = t.grad_scale[0:n, :]
-        bits = scale.view(nl.int32)
+        bits = crd.int32_bits(scale)
         tiles = self.cfg.channel_tiles
         for i, (c0, width) in enumerate(tiles):
             if i:
