@@ -59,6 +59,11 @@ TWO_BYTE_FLOAT_DTYPES = ("bfloat16", "float16")
 MAX_LNC = 2                            # the Neuron SDK supports LNC degree 1 or 2
 DMA_ENGINES = 16                       # DMA engines per NeuronCore
 PARTITIONS_PER_DMA_ENGINE = 8          # engine e moves SBUF partitions 8e .. 8e + 7
+# Multi-column indirect-DMA index tiles start 16-byte aligned: nki-library's MSDA kernels
+# allocate them with align=16 ("Turbo batched indirect scatter-add DGE indices require 16 byte
+# alignment", ms_deformable_attention_bwd.py); undocumented in the NKI pages.
+INDEX_TILE_ALIGN_BYTES = 16
+INDEX_TILE_ALIGN_WORDS = INDEX_TILE_ALIGN_BYTES // 4   # in 4-byte (uint32/int32) index words
 
 TARGETS = ("trn2", "trn3")
 NEURON_CORES = {"trn2": "NC-v3", "trn3": "NC-v4"}

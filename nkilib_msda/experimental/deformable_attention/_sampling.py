@@ -251,39 +251,42 @@ def mark_padded_rows(rows: Any, pad: Any, pad_ints: Any, parts: int, cols: int,
     nisa.tensor_scalar(dst=view, data=view, op0=nl.maximum, operand0=pad)
 
 
-def transpose_indices(idx: Any, rows: Any, d0: int, dn: int, stack: int, width: int,
+def transpose_indices(idx: Any, rows: Any, d0: int, dn: int, stack: int, stride: int,
                       offset: int = 0, engine: Any = None) -> None:
     """Copy the DMA block's index columns [d0, d0 + dn) into ``idx`` (uint32 (128, >= offset +
-    stack * width)) so that transpose j's columns d0 + j, d0 + j + stack, ... are the contiguous
-    [128, m_j] tile ``idx[:, offset + j * width : offset + j * width + m_j]`` that the indirect
-    dma_transpose documents (a 2-D uint32 SBUF index tile; no strided view)."""
+    stack * stride)) so that transpose j's columns d0 + j, d0 + j + stack, ... are the contiguous
+    [128, m_j] tile ``idx[:, offset + j * stride : offset + j * stride + m_j]`` that the indirect
+    dma_transpose documents (a 2-D uint32 SBUF index tile; no strided view). ``stride`` (>= m_j,
+    a multiple of 4 words) keeps every tile 16-byte aligned."""
     full, rest = divmod(dn, stack)
     if full:
-        nisa.tensor_copy(dst=tile_view(idx, [[width, stack], [1, full]], offset=offset),
+        nisa.tensor_copy(dst=tile_view(idx, [[stride, stack], [1, full]], offset=offset),
                          src=tile_view(rows, [[1, stack], [stack, full]], offset=d0),
                          engine=engine)
     if rest:
-        nisa.tensor_copy(dst=tile_view(idx, [[width, rest], [1, 1]], offset=offset + full),
+        nisa.tensor_copy(dst=tile_view(idx, [[stride, rest], [1, 1]], offset=offset + full),
                          src=tile_view(rows, [[1, rest], [1, 1]], offset=d0 + full * stack),
                          engine=engine)
 
 
 def transpose_tile_indices(idx: Any, rows: Any, blocks: Sequence[tuple[int, int]], stack: int,
-                           width: int) -> None:
+                           width: int, stride: int) -> None:
     """The transposed indices of every DMA block ``(d0, dn)`` of a tile, block ``i`` at
-    ``idx[:, i * stack * width :]`` (see transpose_indices); one copy for the whole tile when
-    every block is full and they tile the columns contiguously.
+    ``idx[:, i * stack * stride :]`` (see transpose_indices; ``width`` index columns per
+    transpose of a full block); one copy for the whole tile when every block is full and they
+    tile the columns contiguously.
 
     Runs on the Scalar engine, which the gathers and the Vector arithmetic leave idle. ScalarE
     computes through fp32; that is exact here: row indices are below 2^24 (checked by the
     planner) and the padding row is a power of two."""
-    region = stack * width
+    cols = stack * width
+    region = stack * stride
     scalar = nisa.engine.scalar
-    if all(d0 == i * region and dn == region for i, (d0, dn) in enumerate(blocks)):
+    if all(d0 == i * cols and dn == cols for i, (d0, dn) in enumerate(blocks)):
         nb = len(blocks)
-        nisa.tensor_copy(dst=tile_view(idx, [[region, nb], [width, stack], [1, width]]),
-                         src=tile_view(rows, [[region, nb], [1, stack], [stack, width]]),
+        nisa.tensor_copy(dst=tile_view(idx, [[region, nb], [stride, stack], [1, width]]),
+                         src=tile_view(rows, [[cols, nb], [1, stack], [stack, width]]),
                          engine=scalar)
         return
     for i, (d0, dn) in enumerate(blocks):
-        transpose_indices(idx, rows, d0, dn, stack, width, offset=i * region, engine=scalar)
+        transpose_indices(idx, rows, d0, dn, stack, stride, offset=i * region, engine=scalar)

@@ -13,6 +13,7 @@ from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
 from nkilib_msda.experimental.kernel_commons import PARTITIONS
+from nkilib_msda.hardware import INDEX_TILE_ALIGN_WORDS
 
 __all__ = ["CornerGather"]
 
@@ -23,10 +24,12 @@ class CornerGather:
     The transposed gather tiles are taken round robin (the one field the methods update).
     """
 
-    def __init__(self, cfg, tiles, value2d) -> None:
+    def __init__(self, cfg, tiles, value2d, live) -> None:
         self.cfg, self.p, self.t = cfg, cfg.problem, tiles
         self.value2d = value2d
+        self.live = live  # backward_live_rows.LiveRows: 128-partition copy gathers
         self.transpose_count = 0
+        self.aligned_count = 0
 
     def block(self, b: int, n: int, blk: int, c0: int, width: int) -> None:
         """gathered[0:n, col, 0:width] = channels [c0, c0 + width) of the value rows of the
@@ -37,7 +40,6 @@ class CornerGather:
         base = b * cfg.rows_per_batch * c_h + c0
         gathered = t.gathered
         if cfg.gather_method == "transpose":
-            gidx = t.gidx
             mg = cfg.gather_columns
             for g0 in range(0, cols, mg):
                 col0 = blk * cols + g0
@@ -52,7 +54,7 @@ class CornerGather:
                         if kn <= 0:
                             break
                         src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
-                                              vector_offset=gidx[0:PARTITIONS, col0 + k0:col0 + k0 + kn])
+                                              vector_offset=self._index_tile(col0 + k0, kn))
                         nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src)
                     for k0 in range(0, mg, cfg.psum_columns):
                         k1 = min(mg, k0 + cfg.psum_columns)
@@ -63,25 +65,31 @@ class CornerGather:
                         nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
                                          src=self.t.psum[0:n, 0:k1 - k0, 0:c])
             return
-        step = float(p.num_heads if p.value_layout == "BLNC" else 1)
-        if cfg.gather_pairs:
-            idx = t.gidx
-            for pc in range(cols // 2):  # pair column = (point, a)
-                col = blk * (cols // 2) + pc
-                for j0 in range(0, n, cfg.gather_partitions):
-                    j1 = min(n, j0 + cfg.gather_partitions)
-                    src = self.value2d.ap([[c_h, j1 - j0], [int(step) * c_h, 2], [1, width]], offset=base,
-                                          vector_offset=idx[j0:j1, col:col + 1])
-                    nisa.dma_copy(dst=gathered[j0:j1, 2 * pc:2 * pc + 2, 0:width], src=src)
-            return
-        idx = t.gidx
-        for tc in range(cols):
-            col = blk * cols + tc
-            for j0 in range(0, n, cfg.gather_partitions):
-                j1 = min(n, j0 + cfg.gather_partitions)
-                src = self.value2d.ap([[c_h, j1 - j0], [1, width]], offset=base,
-                                      vector_offset=idx[j0:j1, col:col + 1])
-                nisa.dma_copy(dst=gathered[j0:j1, tc, 0:width], src=src)
+        step = p.num_heads if p.value_layout == "BLNC" else 1
+        if cfg.gather_pairs:  # pair column = (point, a): one index moves the (x0, x1) pair
+            per_block, pattern = cols // 2, [[c_h, PARTITIONS], [step * c_h, 2], [1, width]]
+        else:
+            per_block, pattern = cols, [[c_h, PARTITIONS], [1, width]]
+        slots = 2 if cfg.gather_pairs else 1
+        block_idx = t.gidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
+        for ci, _ in enumerate(self.live.chunks("gather", n)):
+            idx, oob = self.live.index("gather", block_idx, n, ci)
+            for k in range(per_block):
+                src = self.value2d.ap(pattern, offset=base, vector_offset=idx[:, k:k + 1])
+                nisa.dma_copy(dst=gathered[0:PARTITIONS, slots * k:slots * (k + 1), 0:width], src=src,
+                              oob_mode=oob)
+
+    def _index_tile(self, start: int, k: int):
+        """gidx columns [start, start + k) as a transpose's index tile: a tile of several
+        columns must start 16-byte aligned (hardware.INDEX_TILE_ALIGN_BYTES, as AWS allocates
+        its batched index tiles), so a misaligned one is first copied to an aligned scratch."""
+        gidx = self.t.gidx
+        if k == 1 or start % INDEX_TILE_ALIGN_WORDS == 0:
+            return gidx[0:PARTITIONS, start:start + k]
+        dst = self.t.gidx_aligned[0:PARTITIONS, self.aligned_count % 2, 0:k]
+        self.aligned_count += 1
+        nisa.tensor_copy(dst=dst, src=gidx[0:PARTITIONS, start:start + k])
+        return dst
 
     def dots(self, b: int, n: int, blocks: int, c0: int, width: int, first: bool) -> None:
         """Per-corner dot products <grad_output row * 2^-k(j), value row> over channels

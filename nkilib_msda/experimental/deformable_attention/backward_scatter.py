@@ -1,7 +1,8 @@
 """The grad_value scatter of the MSDA backward kernel: per-corner (or per pair slot)
 coefficients w * bilinear weight, data = coefficient * grad_output row with invalid corners
 masked bitwise to +0.0, and the scatter-RMW of P_s partitions at a time into the K replicated
-fp32 buffers (``backward_buffers.scatter_add``; uniqueness proof in ``backward_config``).
+fp32 buffers (``backward_buffers.scatter_add``; uniqueness proof in ``backward_config``), each
+instruction on all 128 partitions with the others skipped (``backward_live_rows``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.kernel_commons import PARTITIONS
 
 __all__ = ["GradValueScatter"]
 
@@ -17,9 +19,10 @@ class GradValueScatter:
     """Scatters of one program (logical core ``core``) into ``buffer_sets``, which successive
     scatter DMAs take round robin (the one field the methods update)."""
 
-    def __init__(self, cfg, tiles, core: int, buffer_sets) -> None:
+    def __init__(self, cfg, tiles, core: int, buffer_sets, live) -> None:
         self.cfg, self.p, self.t = cfg, cfg.problem, tiles
         self.core, self.buffer_sets = core, buffer_sets
+        self.live = live  # backward_live_rows.LiveRows: 128-partition scatters
         self.dma_count = 0
 
     def terms(self, n: int, f: int):
@@ -81,22 +84,17 @@ class GradValueScatter:
                                op=nl.multiply)
             # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
             crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
-            if cfg.scatter_pairs:
-                for pcol in range(cols // 2):
-                    col = blk * (cols // 2) + pcol
-                    for j0 in range(0, n, cfg.scatter_partitions):
-                        j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._one(b, t.sidx[j0:j1, col:col + 1],
-                                          t.work[j0:j1, 2 * pcol:2 * pcol + 2, 0:width], j1 - j0, step, c0, width)
-            else:
-                for tc in range(cols):
-                    col = blk * cols + tc
-                    for j0 in range(0, n, cfg.scatter_partitions):
-                        j1 = min(n, j0 + cfg.scatter_partitions)
-                        self._one(b, t.sidx[j0:j1, col:col + 1], t.work[j0:j1, tc, 0:width], j1 - j0, 0,
-                                          c0, width)
+            per_block = cols // 2 if cfg.scatter_pairs else cols
+            slots = 2 if cfg.scatter_pairs else 1
+            pair_step = step if cfg.scatter_pairs else 0
+            block_idx = t.sidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
+            for ci, _ in enumerate(self.live.chunks("scatter", n)):
+                idx, oob = self.live.index("scatter", block_idx, n, ci)
+                for k in range(per_block):
+                    self._one(b, idx[:, k:k + 1], t.work[0:PARTITIONS, slots * k:slots * (k + 1), 0:width],
+                              pair_step, c0, width, oob)
 
-    def _one(self, b, index_col, data, parts, pair_step, c0, width) -> None:
+    def _one(self, b, index_col, data, pair_step, c0, width, oob) -> None:
         buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
         self.dma_count += 1
-        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, parts, pair_step, c0, width)
+        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, pair_step, c0, width, oob)

@@ -46,11 +46,15 @@ class BackwardTiles:
     weights: Any               # (f, 4) bilinear weight per corner
     vbits: Any                 # (f, 4) int32 all ones for a valid corner
     work: Any                  # (4 N_p, C_t) fp32 per-block products
+    live_pad: Any              # (pad columns,) fp32: out-of-range row outside a chunk (backward_live_rows)
+    live_tmp: Any              # (1,) fp32 scratch
     red: Any                   # reduction tiles (fp32 / fp32 / value dtype)
     red_prev: Any
     red_out: Any
     # gathers (None unless grad_sampling_locations or grad_attention_weights is wanted)
     gidx: Any = None
+    gidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked copy-gather index columns
+    gidx_aligned: Any = None   # (2, m) uint32: 16-byte-aligned copy of a transpose index tile
     dc: Any = None
     dwx: Any = None
     dwy: Any = None
@@ -65,6 +69,7 @@ class BackwardTiles:
     psum: Any = None           # PSUM (psum_columns, min(C_t, 128)) in the value dtype
     # scatter (None unless grad_value is wanted)
     sidx: Any = None
+    sidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked scatter index columns
     coef: Any = None
     # (x0, x1) pair mode
     pair_rows: Any = None

@@ -33,13 +33,13 @@ Design (numbers for the default N_h=8, N_l=4, N_p=8, C_h=32 bf16 shape):
   into the fp32 accumulator. C_h > 128 uses several channel tiles (144 = 128 + 16).
 - **Gather, "copy"** (any dtype; fp32 values always use it): one indirect ``dma_copy`` per
   index column ``(rows, C_h)`` (multi-column index tiles are documented for dma_transpose
-  only), then the same multiply + reduce straight from SBUF; ragged tiles gather only their
-  real rows.
-- Every corner of every sample is exactly one descriptor of ``C_h * dtype`` bytes per
-  channel tile; no pixel is gathered twice. Padded partitions of a ragged tile compute with
-  zero coordinates and weights (no uninitialised reads) and are not stored; they gather
-  nothing (copy: only real rows are addressed; transpose: their indices are set out of
-  bounds and the tile's indirect transposes use ``oob_mode.skip``).
+  only), then the same multiply + reduce straight from SBUF (real rows only).
+- Every indirect DMA (transpose or copy) covers all 128 partitions from partition 0, as AWS
+  issues them. Every corner of every sample is exactly one descriptor of ``C_h * dtype``
+  bytes per channel tile; no pixel is gathered twice. Padded partitions of a ragged tile
+  compute with zero coordinates and weights (no uninitialised reads) and are not stored; they
+  gather nothing: their indices are set out of bounds (``padding_row``) and the tile's
+  indirect DMAs use ``oob_mode.skip`` (the DGE still walks their index rows).
 - Accumulation is fp32; the store DMA casts once to the value dtype.
 - **Pipelined order** (two copies of the per-tile buffers): tile i + 1 is prepared (loads,
   coordinates, row indices, and on the transpose path its transposed index tile, one ScalarE
@@ -144,8 +144,8 @@ class _Buffers:
             self.tidx = [nl.ndarray((PARTITIONS, cfg.index_words(cfg.q_pack)),
                                     dtype=nl.uint32, buffer=sb, name=f"tidx{i}")
                          for i in range(cfg.tile_bufs)]
-            self.pad = nl.ndarray((PARTITIONS, 1), dtype=f32, buffer=sb, name="pad")
-            self.pad_ints = nl.ndarray((PARTITIONS, 1), dtype=i32, buffer=sb, name="pad_ints")
+        self.pad = nl.ndarray((PARTITIONS, 1), dtype=f32, buffer=sb, name="pad")
+        self.pad_ints = nl.ndarray((PARTITIONS, 1), dtype=i32, buffer=sb, name="pad_ints")
 
 
 def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, bits: Any, cfg: ForwardConfig,
@@ -198,8 +198,8 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
             for j in range(min(stack, dn)):
                 m = (dn - j + stack - 1) // stack
                 src = value_rows.ap([[c, m * PARTITIONS], [1, ct]], offset=batch_offset + c0,
-                                    vector_offset=smp.tile_view(tidx, [[1, m]],
-                                                                offset=region + j * width))
+                                    vector_offset=smp.tile_view(
+                                        tidx, [[1, m]], offset=region + j * cfg.index_stride))
                 dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
                                     first_partition=j * ct)
                 nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
@@ -225,19 +225,20 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
 
 def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any, bits: Any,
                  cfg: ForwardConfig, value_rows: Any, batch_offset: int, grp: Any,
-                 parts: int) -> None:
+                 parts: int, oob: Any) -> None:
     """prod[(k - col0), :] = weight[k] * value_row[k] for the group's columns (copy path).
 
-    Only the tile's ``parts`` real partitions are gathered and weighted: one-column indirect
-    copies need no padding to 128 rows.
+    Every indirect copy runs on all 128 partitions from partition 0 (as AWS issues them); a
+    ragged tile's padded rows hold an out-of-range index (mark_padded_rows) and ``oob`` is
+    oob_mode.skip, so they gather nothing. Only the ``parts`` real partitions are weighted.
     """
     c = cfg.problem.head_dim
     gathered = buf.gathered[gbuf]
     for k in range(grp.col0, grp.col0 + grp.cols):
-        src = value_rows.ap([[c, parts], [1, c]], offset=batch_offset,
-                            vector_offset=smp.tile_view(rows, [[1, 1]], offset=k, parts=parts))
-        nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c,
-                                        parts=parts), src=src)
+        src = value_rows.ap([[c, PARTITIONS], [1, c]], offset=batch_offset,
+                            vector_offset=smp.tile_view(rows, [[1, 1]], offset=k))
+        nisa.dma_copy(dst=smp.tile_view(gathered, [[1, c]], offset=(k - grp.col0) * c),
+                      src=src, oob_mode=oob)
     dst = smp.tile_view(prod, [[c, grp.cols], [1, c]], parts=parts)
     nisa.tensor_tensor(dst=dst,
                        data1=smp.tile_view(gathered, [[c, grp.cols], [1, c]], parts=parts),
@@ -274,15 +275,15 @@ def _prepare_tile(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, tile: A
     rows = buf.rows[slot % len(buf.rows)]
     _coordinate_phase(buf, rows, buf.weights[slot], buf.bits[slot], cfg, locations,
                       attention_weights, b, tile)
-    if cfg.gather_method != "transpose":
-        return
-    # The transpose path needs 128-row index blocks, so a ragged tile marks its padded rows
-    # out of bounds and its indirect transposes skip them.
+    # Every indirect DMA covers 128 partitions from partition 0, so a ragged tile marks its
+    # padded rows out of bounds and its gathers skip them (oob_mode.skip).
     if tile.partitions < PARTITIONS:
         smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions,
                              4 * cfg.samples(tile.q_pack), oob_row)
+    if cfg.gather_method != "transpose":
+        return
     smp.transpose_tile_indices(buf.tidx[slot], rows, cfg.dma_blocks(tile.q_pack), cfg.stack,
-                               cfg.dma_cols_per_instruction)
+                               cfg.dma_cols_per_instruction, cfg.index_stride)
 
 
 def _gather_and_reduce(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, tile: Any,
@@ -293,7 +294,7 @@ def _gather_and_reduce(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, ti
     weights, bits, acc = buf.weights[slot], buf.bits[slot], buf.acc[slot]
     batch_offset = b * rows_per_batch * p.head_dim
     transpose = cfg.gather_method == "transpose"
-    # One-column copies gather only the real partitions.
+    # The copy path weights and sums only the real partitions.
     parts = PARTITIONS if transpose else tile.partitions
     oob = nisa.oob_mode.skip if tile.partitions < PARTITIONS else nisa.oob_mode.error
     counters["tile_block"] = 0
@@ -307,8 +308,8 @@ def _gather_and_reduce(buf: _Buffers, cfg: ForwardConfig, index: int, b: int, ti
             _gather_transpose(buf, buf.tidx[slot], prod, weights, bits, cfg, value_rows,
                               batch_offset, grp, counters, oob)
         else:
-            _gather_copy(buf, gbuf, prod, buf.rows[slot], weights, bits, cfg, value_rows,
-                         batch_offset, grp, parts)
+            _gather_copy(buf, gbuf, prod, buf.rows[slot % len(buf.rows)], weights, bits, cfg,
+                         value_rows, batch_offset, grp, parts, oob)
         _reduce_group(buf, prod, acc, cfg, grp, parts)
     smp.store_rows(out, acc, p, b, tile.q_start, tile.partitions, tile.q_pack)
 

@@ -42,6 +42,7 @@ from nkilib_msda.experimental.deformable_attention import backward_sampling as s
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
+from nkilib_msda.experimental.deformable_attention.backward_live_rows import LiveRows
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
 from nkilib_msda.experimental.kernel_commons import (core_barrier, core_info, explain_argument_errors,
@@ -236,8 +237,10 @@ class _BackwardKernel:
                 self.buffer_sets = [nl.ndarray((rows_total, p.head_dim), dtype=nl.float32,
                                                buffer=nl.shared_hbm, name=f"grad_value_buffers_{s}")
                                     for s in range(cfg.scatter_sets)]
-        self.gather = CornerGather(cfg, self.t, value.reshape((p.batch * cfg.rows_per_batch, p.head_dim)))
-        self.scatter = GradValueScatter(cfg, self.t, core, self.buffer_sets)
+        self.live = LiveRows(cfg, self.t, core)
+        self.gather = CornerGather(cfg, self.t, value.reshape((p.batch * cfg.rows_per_batch, p.head_dim)),
+                                   self.live)
+        self.scatter = GradValueScatter(cfg, self.t, core, self.buffer_sets, self.live)
 
     def run(self, iota_in, buffers_in, prev_reduced, dump_iota, dump_buffers, dump_reduced):
         cfg, p = self.cfg, self.p
@@ -250,6 +253,9 @@ class _BackwardKernel:
             smp.build_kscale(cfg, t)
         if t.gidx != None:  # noqa: E711
             nisa.memset(dst=t.gidx, value=0)
+        if t.sidx != None:  # noqa: E711  (rows beyond a partial block are read, then skipped)
+            nisa.memset(dst=t.sidx, value=0)
+        self.live.build()
 
         buffer_sets = self.buffer_sets
         if cfg.compute_grad_value and buffers_in == None:  # noqa: E711

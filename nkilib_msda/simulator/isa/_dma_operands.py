@@ -11,7 +11,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from nkilib_msda.simulator.access import may_overlap, read, report_hazard
+from nkilib_msda.hardware import INDEX_TILE_ALIGN_BYTES
+from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
+from nkilib_msda.simulator.access import may_overlap, read, report_hazard, strict_mode
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa.enums import oob_mode as _oob_mode
@@ -163,6 +165,29 @@ def _resolve_indirect(instruction: str, acc: IndirectAccess, rows: np.ndarray,
                     row_runs=_row_runs(acc) if row_ok else None)
 
 
+def check_index_tile(instruction: str, idx: NkiTensor) -> None:
+    """Strict mode only: an indirect DMA's index tile spans all 128 partitions from partition
+    0 (AWS pads every indirect DMA "to P_MAX to avoid a DMA abort"; rows that must not act
+    carry an out-of-range index with ``oob_mode.skip``), and a multi-column index tile starts
+    at a 16-byte-aligned offset of its partition (hardware.INDEX_TILE_ALIGN_BYTES; AWS's single
+    (P, 1) columns sit at any column offset). Neither is a
+    documented rule, so only strict runs (the package's kernel tests) enforce them."""
+    if not strict_mode():
+        return
+    first = idx.start_partition
+    if first != 0 or idx.shape[0] != _PARTITIONS:
+        raise nki_error(instruction, "indirect DMA partitions",
+                        f"the index tile covers partitions [{first}, {first + idx.shape[0]}); strict "
+                        f"mode needs all {_PARTITIONS} from partition 0 (pad with an out-of-range "
+                        "index and oob_mode=nisa.oob_mode.skip)")
+    if idx.ndim == 2 and idx.shape[1] > 1:
+        free_bytes = (idx.offset % idx.partition_stride) * idx.dtype.itemsize
+        if free_bytes % INDEX_TILE_ALIGN_BYTES:
+            raise nki_error(instruction, "index tile alignment",
+                            f"a {idx.shape[1]}-column index tile starts {free_bytes} B into its "
+                            f"partition; strict mode needs a multiple of {INDEX_TILE_ALIGN_BYTES} B")
+
+
 def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:
     """(P,) index values of a dma_copy/dma_compute indirect access ((P,1) index tile)."""
     idx = acc.index
@@ -177,6 +202,7 @@ def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:
         raise nki_error(instruction, "vector_offset shape",
                         f"the first pattern count ({acc.shape[0]}) must equal the number of "
                         f"index partitions ({idx.shape[0]})")
+    check_index_tile(instruction, idx)
     return read(idx, instruction).reshape(-1)
 
 

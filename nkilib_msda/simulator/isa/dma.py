@@ -48,6 +48,7 @@ from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.dtypes import cast_values, quiet_fp, uint32
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa._dma_operands import (_check_destination_unique, _check_operand,
+                                                     check_index_tile,
                                                      _Operand, _resolve, _resolve_indirect,
                                                      _resolve_static, _transfer_mask)
 from nkilib_msda.simulator.isa.enums import as_enum, dge_mode as _dge_mode
@@ -190,6 +191,7 @@ def _transpose_indices(ins: str, acc: IndirectAccess) -> np.ndarray:
     if m > 1 and p != _PARTITIONS:
         raise nki_error(ins, "index shape",
                         f"indices with {m} > 1 columns need 128 partitions, got {p}")
+    check_index_tile(ins, idx)
     rows = acc.shape[0]
     if idx.size < rows:
         raise nki_error(ins, "index count", f"indices.size={idx.size} < src.shape[0]={rows}")

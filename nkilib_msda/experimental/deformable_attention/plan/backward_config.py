@@ -42,8 +42,10 @@ means floor((j1-j0)/G) = floor((j2-j0)/G), so 0 < |j1 - j2| < G and the two part
 different (h, l) (blocks start at multiples of G). Different h: BLNC rows differ mod N_h,
 BNLC rows lie in disjoint bands [h*L, (h+1)*L). Same h, different l: the clamped pixel of
 level l lies in [ls_l, ls_l + H_l*W_l), and those ranges are disjoint. Hence the rows differ.
-Partial blocks scatter only their n live partitions (no padding rows, hence no duplicate
-padding writes). The emulator re-checks uniqueness on every instruction.
+Every scatter instruction covers all 128 partitions from partition 0; the partitions outside
+its slice (and beyond a partial block's n live ones) carry an out-of-range index and are
+skipped (``oob_mode.skip``, ``backward_live_rows``), so they write nothing and add no
+duplicate targets. The emulator re-checks uniqueness on every instruction.
 
 Batching (> 128 indices per DMA): a (P, M) multi-column index tile is documented only for
 ``dma_transpose`` (docs/kernels.md, "Backward"), so scatters and copy-gathers batch along the free dims
@@ -72,7 +74,7 @@ from dataclasses import dataclass, field, replace
 
 from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import default_scatter_partitions
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
-    SbufTiles, channel_tile_widths, fit_sbuf, sbuf_bytes, sbuf_tiles, transpose_chunks,
+    SbufTiles, channel_tile_widths, fit_sbuf, pad_columns, sbuf_bytes, sbuf_tiles, transpose_chunks,
     transpose_gather_columns)
 from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, KERNEL_DTYPES, PARTITIONS,
                                   PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
@@ -324,7 +326,7 @@ def plan_backward(
         shape = problem if points == n_p else replace(problem, num_points=points)
         return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
                            compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
-                           gather_pairs or scatter_pairs)
+                           gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions))
 
     width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
     if blocks == 0:

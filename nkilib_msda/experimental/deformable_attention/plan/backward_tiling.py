@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, PARTITIONS
+from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, INDEX_TILE_ALIGN_WORDS, PARTITIONS
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["GATHER_TRANSPOSE_BUFS", "MAX_BLOCKS_PER_TILE", "REDUCE_FREE_ELEMENTS",
@@ -53,6 +53,17 @@ def gather_split(gather_columns: int, channels: int) -> tuple[int, int]:
     return band, -(-gather_columns // (PARTITIONS // band))
 
 
+def live_chunks(n: int, step: int) -> list[tuple[int, int]]:
+    """Partition chunks [j0, j1) of ``step`` partitions covering the live partitions [0, n)."""
+    return [(j0, min(n, j0 + step)) for j0 in range(0, n, step)]
+
+
+def pad_columns(gather_step: int, scatter_step: int) -> int:
+    """Live-row pad columns (backward_live_rows) one program needs at most: two live-partition counts (full blocks and the
+    ragged tail) x the chunks of both kinds."""
+    return 2 * (-(-PARTITIONS // gather_step) + -(-PARTITIONS // scatter_step))
+
+
 def _largest_divisor_at_most(n: int, cap: int) -> int:
     for d in range(min(n, cap), 0, -1):
         if n % d == 0:
@@ -67,13 +78,14 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
-               pairs: bool) -> SbufTiles:
+               pairs: bool, live_pad_columns: int = 0) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
     = (sample, y-corner a, x-corner b); per-block tiles hold the 4*N_p columns of one block.
     Channel tiles of ``width`` channels size grad, work and gathered; ``tiled`` (more than
     one channel tile) adds the per-block partial dot products summed over the tiles.
+    ``live_pad_columns``: the live-row pad columns of backward_live_rows (128-partition DMAs).
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
@@ -100,6 +112,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         ("vbits", (f, 4), "int32"),
         ("grad", (blocks, c_h), "float32"),
         ("work", (cols, c_h), "float32"),
+        ("live_pad", (max(live_pad_columns, 1),), "float32"),
+        ("live_tmp", (1,), "float32"),
     ]
     if pairs:
         tiles += [("pair_rows", (f, 2), "float32"), ("pair_sel", (f, 2), "float32"),
@@ -123,8 +137,13 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         if gather_method == "transpose":  # bands of channels x m*128 gathered rows, 2 copies
             m = max(gather_split(gather_columns, c)[1] for _, c in transpose_chunks(width))
             tiles.append(("transposed", (GATHER_TRANSPOSE_BUFS, m * PARTITIONS), value_dtype))
+            # a 16-byte-aligned copy of a multi-column index tile that starts misaligned
+            tiles.append(("gidx_aligned", (2, -(-m // INDEX_TILE_ALIGN_WORDS) * INDEX_TILE_ALIGN_WORDS), "uint32"))
+        else:  # masked index columns of a chunk (backward_live_rows), 2 in turn
+            tiles.append(("gidx_live", (2, cols), "int32"))
     if want_value:
-        tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32")]
+        tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32"),
+                  ("sidx_live", (2, cols), "int32")]
     tiles += [
         ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
         ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),

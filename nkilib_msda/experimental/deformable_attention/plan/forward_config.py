@@ -51,8 +51,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from nkilib_msda.hardware import (
-    DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES,
-    PSUM_BYTES)
+    DMA_TRANSPOSE_MAX_FREE, FP32_EXACT_INT_MAX, INDEX_TILE_ALIGN_WORDS, PARTITIONS,
+    PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES, PSUM_BYTES)
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
 from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (build_sbuf_bytes,
                                                                           corner_block_supported)
@@ -201,10 +201,19 @@ class ForwardConfig:
                      for blk in self.blocks(grp.col0, grp.cols, self.dma_cols))
 
     @property
+    def index_stride(self) -> int:
+        """uint32 words between the index tiles of consecutive transposes of a DMA block:
+        ``dma_cols_per_instruction`` rounded up to INDEX_TILE_ALIGN_WORDS, so every multi-column
+        index tile starts 16-byte aligned (as AWS allocates its batched index tiles); one
+        column per transpose needs no padding (AWS addresses single columns at any offset)."""
+        m = self.dma_cols_per_instruction
+        return m if m == 1 else -(-m // INDEX_TILE_ALIGN_WORDS) * INDEX_TILE_ALIGN_WORDS
+
+    @property
     def index_region(self) -> int:
-        """uint32 words of one DMA block's transposed indices: ``stack`` contiguous
-        ``[128, dma_cols_per_instruction]`` index tiles."""
-        return self.stack * self.dma_cols_per_instruction
+        """uint32 words of one DMA block's transposed indices: ``stack`` ``[128,
+        dma_cols_per_instruction]`` index tiles, ``index_stride`` words apart."""
+        return self.stack * self.index_stride
 
     def index_words(self, q_pack: int) -> int:
         """uint32 words per partition of a tile's transposed indices (transpose path):
@@ -236,7 +245,7 @@ class ForwardConfig:
         out = {
             "coord_scratch": (COORD_SCRATCH_WORDS * n * 4, 1),
             "head_offsets": (self.slots(self.q_pack) * 8, 1),
-            "padding_marks": (8 if self.gather_method == "transpose" else 0, 1),
+            "padding_marks": (8, 1),
             # Transpose path: the row indices are read only while preparing the tile (into
             # the per-tile transposed index tile), so one copy serves every tile.
             "indices": (4 * n * 4, self.tile_bufs if self.gather_method == "copy" else 1),

@@ -69,7 +69,10 @@ def test_dma_blocks_cover_the_tile_and_own_disjoint_index_regions(heads, head_di
         cols = [c for d0, dn in blocks for c in range(d0, d0 + dn)]
         assert cols == list(range(4 * cfg.samples(q_pack)))
         assert all(-(-dn // cfg.stack) <= cfg.dma_cols_per_instruction for _, dn in blocks)
-        assert cfg.index_words(q_pack) == len(blocks) * cfg.stack * cfg.dma_cols_per_instruction
+        assert cfg.index_words(q_pack) == len(blocks) * cfg.stack * cfg.index_stride
+        # every multi-column index tile starts 16-byte aligned (4 uint32 words)
+        assert cfg.index_stride == 1 or cfg.index_stride % 4 == 0
+        assert cfg.index_stride >= cfg.dma_cols_per_instruction
         assert cfg.index_words(q_pack) <= cfg.index_words(cfg.q_pack)
 
 
