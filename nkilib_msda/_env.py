@@ -173,6 +173,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "emulator strict mode, see [docs/emulator.md](docs/emulator.md) (the old name "
            "`NKILIB_MSDA_SIM_STRICT` is still read, with a DeprecationWarning)",
            lambda: env_flag("NKILIB_MSDA_EMULATOR_STRICT", default=False)),
+    EnvVar("NKILIB_MSDA_EMULATOR_FULL_INDIRECT", "on/off (default off)",
+           "emulator: every indirect DMA's index tile must cover all 128 partitions from "
+           "partition 0 and a multi-column one start 16-byte aligned (AWS's practice, not a "
+           "documented rule; the kernel tests turn it on), see [docs/emulator.md](docs/emulator.md)",
+           lambda: env_flag("NKILIB_MSDA_EMULATOR_FULL_INDIRECT", default=False)),
     EnvVar("NKILIB_MSDA_EMULATOR_TIMING", "on/off (default on)",
            "emulator timing model for `simulate(..., report=True)` (`report.timing`, "
            "[docs/timing.md](docs/timing.md)); off skips recording",

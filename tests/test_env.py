@@ -210,6 +210,7 @@ def test_defaults_and_case(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert {n: read_env(n) for n in ENV_VARS} == {
         "NKILIB_MSDA_BACKEND": "auto", "NKILIB_MSDA_NKI": "auto", "NKILIB_MSDA_EMULATOR_STRICT": False,
+            "NKILIB_MSDA_EMULATOR_FULL_INDIRECT": False,
         "NEURON_LOGICAL_NC_CONFIG": None, "NEURON_CC_FLAGS": None, "NKILIB_MSDA_SIM_LNC": None,
         "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
         "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False,

@@ -37,12 +37,16 @@ class SimOptions:
     neuronxcc imports and nl.divide/mod/fmod.
     strict: uninitialised reads and hazard warnings (NkiHazardWarning) raise NkiError
     (simulate(..., strict=True) / NKILIB_MSDA_EMULATOR_STRICT=1; see docs/emulator.md).
+    full_indirect: an indirect DMA's index tile must cover partitions [0, 128) and a
+    multi-column one start 16-byte aligned (NKILIB_MSDA_EMULATOR_FULL_INDIRECT=1; AWS's
+    practice, see isa/_dma_operands.check_index_tile).
     """
 
     duplicate_scatter: str = "error"
     barrier_timeout_s: float | None = None
     source_rules: str = "error"
     strict: bool = False
+    full_indirect: bool = False
 
 
 class ProgramScheduler:

@@ -262,6 +262,7 @@ def _resolve_strict(strict: bool | None, kernel: JitKernel) -> bool:
 
 STRICT_ENV = "NKILIB_MSDA_EMULATOR_STRICT"  # old name NKILIB_MSDA_SIM_STRICT: see _env
 TIMING_ENV = "NKILIB_MSDA_EMULATOR_TIMING"
+FULL_INDIRECT_ENV = "NKILIB_MSDA_EMULATOR_FULL_INDIRECT"
 
 
 def timing_enabled() -> bool:
@@ -370,6 +371,7 @@ class _Launcher:
                             f"{LNC_ENV}={env}; the launch-grid dimension must equal the LNC degree")
         degree = self.lnc or bracket or env or 1
         ndim = 1 if (self.lnc is not None or bracket is not None) else 0
-        options = dataclasses.replace(self.options, strict=_resolve_strict(self.strict, self.kernel))
+        options = dataclasses.replace(self.options, strict=_resolve_strict(self.strict, self.kernel),
+                                      full_indirect=bool(read_env(FULL_INDIRECT_ENV)))
         return _Runner(self.kernel, degree, ndim, self.target, self.report,
                        options, self.progress)(*args, **kwargs)

@@ -135,7 +135,7 @@ class CostReport:
         if timeline is not None:
             recorder, program = timeline
             recorder.dma(program, opcode, kind, direction, int(elements), int(nbytes),
-                         int(hbm_bytes), descriptors, queue)
+                         int(hbm_bytes), descriptors, queue, int(skipped_descriptors))
 
     def note_memory(self, sbuf_bytes: int, psum_bytes: int) -> None:
         self.peak_sbuf_bytes_per_partition = max(self.peak_sbuf_bytes_per_partition, sbuf_bytes)

@@ -13,7 +13,8 @@ import numpy as np
 
 from nkilib_msda.hardware import INDEX_TILE_ALIGN_BYTES
 from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
-from nkilib_msda.simulator.access import may_overlap, read, report_hazard, strict_mode
+from nkilib_msda.simulator.access import may_overlap, read, report_hazard
+from nkilib_msda.simulator.context import current_or_none
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import nki_error
 from nkilib_msda.simulator.isa.enums import oob_mode as _oob_mode
@@ -36,7 +37,7 @@ class _Operand:
     kind: str  # static | indirect | dynamic
     side: str  # hbm | sbuf
     descriptors: dict[int, int] | None = None
-    skipped_rows: int = 0
+    skipped_descriptors: int = 0  # descriptors of rows dropped by oob_mode.skip
     flat: Any = None  # row-major flat index: slice (contiguous) or int64 array
     overlap_free: bool = False  # proven: no element addressed twice
     row_bases: np.ndarray | None = None  # indirect: valid rows' start addresses
@@ -159,33 +160,35 @@ def _resolve_indirect(instruction: str, acc: IndirectAccess, rows: np.ndarray,
         n_bad = int(np.count_nonzero(bad))
         ok_bases = base[~bad]
     hist = _run_histogram(acc, rows.size - n_bad)
+    skipped = sum(_run_histogram(acc, n_bad).values())
     row_ok = not may_overlap(acc.shape[1:], acc.free_strides)
-    return _Operand(acc.storage, acc.dtype, addr, valid, "indirect", "hbm", hist, n_bad,
+    return _Operand(acc.storage, acc.dtype, addr, valid, "indirect", "hbm", hist, skipped,
                     row_bases=ok_bases, row_extent=extent if row_ok else -1,
                     row_runs=_row_runs(acc) if row_ok else None)
 
 
 def check_index_tile(instruction: str, idx: NkiTensor) -> None:
-    """Strict mode only: an indirect DMA's index tile spans all 128 partitions from partition
-    0 (AWS pads every indirect DMA "to P_MAX to avoid a DMA abort"; rows that must not act
-    carry an out-of-range index with ``oob_mode.skip``), and a multi-column index tile starts
-    at a 16-byte-aligned offset of its partition (hardware.INDEX_TILE_ALIGN_BYTES; AWS's single
-    (P, 1) columns sit at any column offset). Neither is a
-    documented rule, so only strict runs (the package's kernel tests) enforce them."""
-    if not strict_mode():
+    """With ``full_indirect`` (NKILIB_MSDA_EMULATOR_FULL_INDIRECT=1, on in the kernel tests):
+    an indirect DMA's index tile spans all 128 partitions from partition 0 (AWS pads every
+    indirect DMA "to P_MAX to avoid a DMA abort"; rows that must not act carry an
+    out-of-range index with ``oob_mode.skip``), and a multi-column index tile starts at a
+    16-byte-aligned offset of its partition (hardware.INDEX_TILE_ALIGN_BYTES; AWS's single
+    (P, 1) columns sit at any column offset). Neither is a documented rule, hence opt-in."""
+    ctx = current_or_none()
+    if ctx is None or not ctx.options.full_indirect:
         return
     first = idx.start_partition
     if first != 0 or idx.shape[0] != _PARTITIONS:
         raise nki_error(instruction, "indirect DMA partitions",
-                        f"the index tile covers partitions [{first}, {first + idx.shape[0]}); strict "
-                        f"mode needs all {_PARTITIONS} from partition 0 (pad with an out-of-range "
-                        "index and oob_mode=nisa.oob_mode.skip)")
+                        f"the index tile covers partitions [{first}, {first + idx.shape[0]}); "
+                        f"full_indirect needs all {_PARTITIONS} from partition 0 (pad with an "
+                        "out-of-range index and oob_mode=nisa.oob_mode.skip)")
     if idx.ndim == 2 and idx.shape[1] > 1:
         free_bytes = (idx.offset % idx.partition_stride) * idx.dtype.itemsize
         if free_bytes % INDEX_TILE_ALIGN_BYTES:
             raise nki_error(instruction, "index tile alignment",
                             f"a {idx.shape[1]}-column index tile starts {free_bytes} B into its "
-                            f"partition; strict mode needs a multiple of {INDEX_TILE_ALIGN_BYTES} B")
+                            f"partition; full_indirect needs a multiple of {INDEX_TILE_ALIGN_BYTES} B")
 
 
 def _index_column(instruction: str, acc: IndirectAccess) -> np.ndarray:

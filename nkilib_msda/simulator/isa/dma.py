@@ -99,7 +99,7 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
         hbm += elements * dst.itemsize
     indirect = [op for op in (*srcs, dst) if op.kind == "indirect"]
     descriptors = indirect[0].descriptors if indirect else None
-    skipped = sum(op.skipped_rows for op in (*srcs, dst) if op.kind != "static")
+    skipped = sum(op.skipped_descriptors for op in (*srcs, dst) if op.kind != "static")
     direction = direction or _direction([s.side for s in srcs], dst.side)
     current().report.add_dma(opcode, kind, direction,
                              elements, elements * dst.itemsize, hbm, descriptors, skipped,

@@ -410,7 +410,7 @@ class Timeline:
     @guarded
     def dma(self, program: int, opcode: str, kind: str, direction: str, elements: int,
             nbytes: int, hbm_bytes: int, descriptors: dict[int, int] | None,
-            queue: str | None = None) -> None:
+            queue: str | None = None, skipped_descriptors: int = 0) -> None:
         """One DMA instruction: an issue node (hardware DGE queue, or software DGE on GpSimd)
         and a transfer node on the DMA engines its partitions map to.
 
@@ -420,7 +420,12 @@ class Timeline:
         transpose as a share of DMA throughput (``dma_transpose_efficiency``), not as one
         descriptor per element of the permuted order; an address-array access (transpose,
         dynamic offset) into part of a larger SBUF allocation counts its runs within each
-        partition, not one per element."""
+        partition, not one per element.
+
+        ``skipped_descriptors`` (rows an ``oob_mode.skip`` DMA drops) cost like moved ones in
+        the descriptor terms (DGE generation and the DMA engines' per-descriptor time) but move
+        no bytes: no page says the hardware drops them before generating their descriptors
+        (docs/timing.md, "Skipped rows")."""
         reads, writes = self._take(program, storage_order=not descriptors)
         hw = self.hw
         prog = self.programs[program]
@@ -428,16 +433,19 @@ class Timeline:
             nbytes = sum(a.nbytes for a in writes)
         self.hbm_bytes += int(hbm_bytes)
         chip = [a for a in writes + reads if a.op.buffer in ("sbuf", "psum")]
-        if descriptors:
-            count = sum(descriptors.values())
+        if descriptors or skipped_descriptors:
+            count = sum((descriptors or {}).values()) + skipped_descriptors
         else:
             runs = [a.run_bytes for a in reads + writes if a.run_bytes > 0]
             run = min(runs) if runs else max(nbytes, 1)
             count = max(-(-nbytes // max(run, 1)), chip[0].p1 - chip[0].p0 if chip else 1)
         per_engine = hw.partitions_per_dma_engine
         if chip:
-            e0 = min(chip[0].p0 // per_engine, hw.dma_engines - 1)
-            e1 = min(hw.dma_engines, max(e0 + 1, -(-chip[0].p1 // per_engine)))
+            p0, p1 = chip[0].p0, chip[0].p1
+            if skipped_descriptors:  # skipped rows' engines too: the index tile's partitions
+                p0, p1 = min(a.p0 for a in chip), max(a.p1 for a in chip)
+            e0 = min(p0 // per_engine, hw.dma_engines - 1)
+            e1 = min(hw.dma_engines, max(e0 + 1, -(-p1 // per_engine)))
         else:
             e0, e1 = 0, min(hw.dma_engines, max(count, 1))
         engines = e1 - e0
@@ -475,7 +483,8 @@ class Timeline:
             issue, _ = self._add(NODE_ISSUE, program, r, r + 1, 0.0, ((_P[cost], 1.0),), -1,
                                  set(), opcode + (" (trigger)" if queue == "static"
                                                   else " (hwdge)"), queue)
-        desc_param = _P["dma_indirect_descriptor_ns"] if descriptors else _P["dma_descriptor_ns"]
+        indirect_desc = bool(descriptors) or skipped_descriptors > 0
+        desc_param = _P["dma_indirect_descriptor_ns"] if indirect_desc else _P["dma_descriptor_ns"]
         const = nbytes / engines / (hw.dma_bytes_per_ns * efficiency)
         terms = ((desc_param, count / engines),)
         base = prog.res[f"{queue}:dma0"]

@@ -309,3 +309,48 @@ def test_dynamic_select_value_must_index_the_dim():
 ])
 def test_may_overlap(shape, strides, overlap):
     assert access.may_overlap(shape, strides) is overlap
+
+
+# -- full_indirect: index tiles as AWS issues them (NKILIB_MSDA_EMULATOR_FULL_INDIRECT) ----------
+def test_full_indirect_needs_128_partitions_from_partition_0(monkeypatch):
+    from nkilib_msda.simulator.jit import FULL_INDIRECT_ENV
+
+    table, idx = gather_inputs(RNG, (300, 8), (128, 2))
+
+    def body(v, ix, rows, first):
+        i = _load(ix)
+        t = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:rows], src=v.ap([[8, rows], [1, 8]],
+                                              vector_offset=i[first:first + rows, 0:1]))
+        return _store(t[0:rows])
+
+    # off (the default): any partitions
+    got = in_kernel(lambda v, ix: body(v, ix, 64, 64), table, idx)
+    np.testing.assert_array_equal(got, table[idx[64:128, 0]])
+    monkeypatch.setenv(FULL_INDIRECT_ENV, "1")
+    got = in_kernel(lambda v, ix: body(v, ix, 128, 0), table, idx)
+    np.testing.assert_array_equal(got, table[idx[:, 0]])
+    for rows, first in ((64, 0), (64, 64), (32, 96)):
+        with raises_rule("dma_copy", "indirect DMA partitions"):
+            in_kernel(lambda v, ix: body(v, ix, rows, first), table, idx)
+
+
+def test_full_indirect_needs_aligned_multi_column_index_tiles(monkeypatch):
+    from nkilib_msda.simulator.jit import FULL_INDIRECT_ENV
+
+    monkeypatch.setenv(FULL_INDIRECT_ENV, "1")
+    table = RNG.standard_normal((512, 16)).astype(ml_dtypes.bfloat16)
+    idx = RNG.integers(0, 512, (128, 8)).astype(np.uint32)
+
+    def body(v, ix, col, m):
+        i = _load(ix)
+        t = nl.ndarray((16, m * 128), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t, src=v.ap([[16, m * 128], [1, 16]],
+                                           vector_offset=i[:, col:col + m]))
+        return _store(t)
+
+    for col, m in ((0, 2), (4, 4), (3, 1)):    # 16-byte aligned, or a single column
+        got = in_kernel(lambda v, ix: body(v, ix, col, m), table, idx)
+        np.testing.assert_array_equal(got, table[idx[:, col:col + m].T.reshape(-1)].T)
+    with raises_rule("dma_transpose", "index tile alignment"):
+        in_kernel(lambda v, ix: body(v, ix, 1, 2), table, idx)

@@ -186,3 +186,27 @@ def test_indirect_dma_transpose_descriptors_are_its_gathered_rows():
     per_ns = _descriptor_ns_per_ns(gather_transpose, _x((500, 48), BF16), rows,
                                    param="dma_indirect_descriptor_ns")
     assert per_ns == pytest.approx(128 / 6)
+
+
+def test_skipped_rows_of_an_indirect_dma_cost_descriptors_but_no_bytes():
+    # docs/timing.md, "Skipped rows": a row dropped by oob_mode.skip still costs its software
+    # DGE descriptor (GpSimd) and the DMA engines' per-descriptor time.
+    def gather(h, hi):
+        idx = load(hi)
+        t = nl.ndarray((128, 64), h.dtype, buffer=nl.sbuf)
+        nisa.memset(t, 0.0)
+        nisa.dma_copy(dst=t, src=h.ap([[64, 128], [1, 64]], vector_offset=idx),
+                      oob_mode=nisa.oob_mode.skip)
+        return store(t)
+
+    table = _x((1000, 64))
+    rows = RNG.integers(0, 1000, (128, 1)).astype(np.uint32)
+    half = rows.copy()
+    half[64:] = 1 << 20                                 # out of range: skipped
+    busy = [_busy(gather, table, index)["gpsimd"] for index in (rows, half)]
+    assert busy[1] == pytest.approx(busy[0])            # 128 SWDGE descriptors either way
+    # the per-descriptor term sees all 128 rows over the index tile's 16 engines either way
+    assert _descriptor_ns_per_ns(gather, table, half, param="dma_indirect_descriptor_ns") == \
+        pytest.approx(_descriptor_ns_per_ns(gather, table, rows, param="dma_indirect_descriptor_ns"))
+    stats = in_kernel(gather, table, half, report=True)[-1].to_dict()["dma"]["indirect_gather/hbm_to_sbuf"]
+    assert stats["descriptors"] == 64 and stats["skipped_descriptors"] == 64

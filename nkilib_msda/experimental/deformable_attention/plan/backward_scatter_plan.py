@@ -8,7 +8,7 @@ trading the buffers' zero + reduce bytes against the scatter's serial read-modif
 
 from __future__ import annotations
 
-from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS, PARTITIONS_PER_DMA_ENGINE
+from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["SCATTER_DESCRIPTOR_OVERHEAD_BYTES", "default_scatter_partitions", "scatter_dma_cost"]
@@ -23,21 +23,23 @@ def scatter_dma_cost(problem: MSDAProblem, lnc: int, sets: int, groups: int,
                      scatter_partitions: int) -> float:
     """Estimated DMA-engine work of the grad_value path of one core, in bytes streamed by one
     DMA engine (lower is faster): zeroing and reducing the K = ceil(P_s / G) buffers of each
-    set, spread over all DMA engines, plus the scatter, whose read-modify-write instructions
-    into one buffer set follow each other (each may touch the rows of the previous one) and
-    so use only the ceil(P_s / 8) engines of their partitions (of every set, round robin).
+    set, spread over all DMA engines, plus the scatter. Every scatter read-modify-write runs on
+    all 128 partitions (backward_live_rows) with P_s live rows; the other 128 - P_s rows are
+    skipped but still cost their descriptor (docs/timing.md, "Skipped rows"), so one live
+    descriptor carries 128 / P_s descriptors of overhead, spread over the 16 DMA engines.
 
     Buffers: 2 * 4 B * sets * K * B * L * N_h * C_h (zero, then read once). Scatter: 4
     descriptors of 4 * C_h bytes per sample (x-pairs are two runs), B*N_q*N_h*N_l*N_p / lnc
-    samples, each read and written plus SCATTER_DESCRIPTOR_OVERHEAD_BYTES.
+    samples, each read and written, plus SCATTER_DESCRIPTOR_OVERHEAD_BYTES per descriptor
+    issued (live or skipped).
     """
     p = problem
     k = -(-scatter_partitions // groups)
     rows = p.batch * p.total_pixels * p.num_heads
     buffers = 2 * 4 * sets * k * rows * p.head_dim / DMA_ENGINES
     descriptors = 4 * p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points / lnc
-    engines = min(DMA_ENGINES, -(-scatter_partitions // PARTITIONS_PER_DMA_ENGINE) * sets)
-    scatter = descriptors * (2 * 4 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / engines
+    issued = PARTITIONS / scatter_partitions
+    scatter = descriptors * (2 * 4 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES * issued) / DMA_ENGINES
     return buffers + scatter
 
 

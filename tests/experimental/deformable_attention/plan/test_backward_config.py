@@ -180,11 +180,12 @@ def test_scatter_dma_cost_terms():
     p = problem(n_q=900, n_p=4, shapes=((200, 200),))
     rows = p.batch * p.total_pixels * p.num_heads
     samples = p.batch * p.num_queries * p.num_heads * p.num_levels * p.num_points
-    # P_s = 8, G = 8: K = 1 buffer, one engine.
+    # P_s = 8, G = 8: K = 1 buffer; each scatter is a 128-partition DMA on all 16 engines
+    # whose 120 other rows are skipped but still cost their descriptor (128 / 8 = 16 each).
     expected = (2 * 4 * rows * p.head_dim / 16
-                + 4 * samples * (8 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES))
+                + 4 * samples * (8 * p.head_dim + 16 * SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / 16)
     assert scatter_dma_cost(p, 1, 1, 8, 8) == pytest.approx(expected)
-    # LNC 2 halves the scatter per core; 128 partitions use all 16 engines.
+    # LNC 2 halves the scatter per core; P_s = 128 has no skipped rows.
     assert scatter_dma_cost(p, 2, 1, 8, 128) == pytest.approx(
         16 * 2 * 4 * rows * p.head_dim / 16
         + 4 * samples / 2 * (8 * p.head_dim + SCATTER_DESCRIPTOR_OVERHEAD_BYTES) / 16)
