@@ -187,7 +187,6 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
     """
     c = cfg.problem.head_dim
     stack = cfg.stack
-    width = cfg.dma_cols_per_instruction
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
         gbuf = counters["block"] % cfg.gather_bufs
         counters["block"] += 1
