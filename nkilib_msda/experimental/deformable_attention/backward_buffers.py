@@ -42,18 +42,14 @@ def zero_own_buffers(cfg, buffer_sets, core: int, zero_tile) -> None:
                 nisa.dma_copy(dst=_rect(flat, off, parts, width), src=zero_tile[0:parts, 0:width])
 
 
-def scatter_add(buf, batch: int, core: int, cfg, index_col, data, pair_step: int,
+def scatter_add(buf, batch: int, core: int, cfg, index_col, data, pair: bool,
                 c0: int, width: int, oob) -> None:
     """buf[k*R + row, c0:c0 + width] += data on all 128 partitions (one row, or an x-pair of
     rows; ``width`` channels of one channel tile); rows whose index is out of range are
     skipped when ``oob`` is oob_mode.skip (backward_live_rows)."""
     c_h = cfg.problem.head_dim
     offset = (batch * cfg.lnc + core) * cfg.num_buffers * cfg.rows_per_batch * c_h + c0
-    if pair_step:
-        pattern = [[c_h, PARTITIONS], [pair_step * c_h, 2], [1, width]]
-    else:
-        pattern = [[c_h, PARTITIONS], [1, width]]
-    dst = buf.ap(pattern, offset=offset, vector_offset=index_col)
+    dst = buf.ap(cfg.row_pattern(width, pair), offset=offset, vector_offset=index_col)
     nisa.dma_compute(dst=dst, srcs=[dst, data], reduce_op=nl.add, unique_indices=True,
                      oob_mode=oob)
 

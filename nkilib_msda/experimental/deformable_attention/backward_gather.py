@@ -65,12 +65,10 @@ class CornerGather:
                         nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
                                          src=self.t.psum[0:n, 0:k1 - k0, 0:c])
             return
-        step = p.num_heads if p.value_layout == "BLNC" else 1
-        if cfg.gather_pairs:  # pair column = (point, a): one index moves the (x0, x1) pair
-            per_block, pattern = cols // 2, [[c_h, PARTITIONS], [step * c_h, 2], [1, width]]
-        else:
-            per_block, pattern = cols, [[c_h, PARTITIONS], [1, width]]
+        # with pairs, a column is (point, a): one index moves the (x0, x1) corner pair
+        pattern = cfg.row_pattern(width, cfg.gather_pairs)
         slots = 2 if cfg.gather_pairs else 1
+        per_block = cols // slots
         block_idx = t.gidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
         for ci, _ in enumerate(self.live.chunks("gather", n)):
             idx, oob = self.live.index("gather", block_idx, n, ci)

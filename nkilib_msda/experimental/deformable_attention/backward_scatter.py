@@ -71,7 +71,6 @@ class GradValueScatter:
         """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers."""
         cfg, p, t = self.cfg, self.p, self.t
         cols = cfg.columns_per_block
-        step = p.num_heads if p.value_layout == "BLNC" else 1
         for blk in range(blocks):
             work = t.work[0:n, :, 0:width]
             points = slice(blk * p.num_points, (blk + 1) * p.num_points)
@@ -86,15 +85,14 @@ class GradValueScatter:
             crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
             per_block = cols // 2 if cfg.scatter_pairs else cols
             slots = 2 if cfg.scatter_pairs else 1
-            pair_step = step if cfg.scatter_pairs else 0
             block_idx = t.sidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
             for ci, _ in enumerate(self.live.chunks("scatter", n)):
                 idx, oob = self.live.index("scatter", block_idx, n, ci)
                 for k in range(per_block):
                     self._one(b, idx[:, k:k + 1], t.work[0:PARTITIONS, slots * k:slots * (k + 1), 0:width],
-                              pair_step, c0, width, oob)
+                              cfg.scatter_pairs, c0, width, oob)
 
-    def _one(self, b, index_col, data, pair_step, c0, width, oob) -> None:
+    def _one(self, b, index_col, data, pair, c0, width, oob) -> None:
         buf = self.buffer_sets[self.dma_count % len(self.buffer_sets)]
         self.dma_count += 1
-        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, pair_step, c0, width, oob)
+        bufs.scatter_add(buf, b, self.core, self.cfg, index_col, data, pair, c0, width, oob)

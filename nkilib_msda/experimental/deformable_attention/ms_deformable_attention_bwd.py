@@ -7,15 +7,15 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
 - Gathers (only when grad_sampling_locations or grad_attention_weights is wanted): indirect
   ``dma_transpose`` of <= 128-channel chunks (2-byte values; multi-column uint32 index tiles
   batch M_g columns; no cap = upstream's packet limit) plus PE transposes back, or indirect
-  ``dma_copy`` (any dtype; with no cap or a cap >= 256 one index fetches the (x0, x1) corner
-  pair as two runs). fp32 values always take the copy path (dma_transpose is 2-byte only).
+  ``dma_copy`` (any dtype; with no cap or a cap >= 256 and BNLC one index fetches the (x0, x1)
+  corner pair as one 2*C_h run; BLNC pairs only with ``strided_pairs``). fp32 values always take the copy path (dma_transpose is 2-byte only).
 - Channel tiles: grad_output, gathered rows and scatter data hold C_t channels; a C_h too
   wide for SBUF is processed in ceil(C_h / C_t) passes per super-tile (dot products summed
   over the passes in fp32); C_t = C_h (one pass) whenever it fits.
 - grad_value: ``dma_compute`` scatter-RMW into K replicated fp32 buffers with unique indices
   per instruction (``max_scatter_indices_per_indirect`` <= 128 sets the partitions per
   scatter and so K; with no cap P_s and K minimise the estimated DMA work of buffers + scatter;
-  no cap or >= 256 writes x-corner pairs), ``num_scatter_buffers`` sets
+  no cap or >= 256 writes x-corner pairs as for the gathers), ``num_scatter_buffers`` sets
   (default 1) take successive scatter DMAs round robin,
   fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
 
@@ -99,7 +99,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                 compute_grad_sampling_locations=True, compute_grad_attention_weights=True,
                                 iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
                                 dump_iota_k_scale=False, dump_grad_value_buffers=False,
-                                dump_reduced_grad_value=False):
+                                dump_reduced_grad_value=False, strided_pairs=False):
     """Gradients of multi-scale deformable attention with respect to value, sampling_locations
     and attention_weights (docs/api.md, docs/kernels.md "Backward").
 
@@ -130,6 +130,9 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
             the reduced buffers (accumulating calls).
         dump_iota_k_scale, dump_grad_value_buffers, dump_reduced_grad_value (bool): also
             return those intermediates.
+        strided_pairs (bool): opt-in (default False, not in AWS's API): x-corner pairs also for
+            BLNC or channel-tiled rows, where the two rows are not one contiguous run (a
+            three-level indirect pattern no NKI page documents; docs/conformance.md).
 
     Returns:
         tuple of shared-HBM tensors: the enabled gradients in the order grad_value (value's
@@ -187,7 +190,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     cfg = plan_backward(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
-        bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core)
+        bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core, bool(strided_pairs))
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
     kernel = _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights,

@@ -264,13 +264,14 @@ def test_forward_kernel_outside_corners_and_dependence(case):
 @pytest.mark.parametrize("caps", [None, 128], ids=["pairs", "single"])
 def test_backward_kernel_outside_corners_and_dependence(case, caps):
     """All three gradients: finite exactly where the reference is, and close to it. ``caps``
-    128 disables the (x0, x1) pair gathers/scatters; None uses them where possible."""
+    128 disables the (x0, x1) pair gathers/scatters; None uses them where possible (BLNC pairs
+    through the strided_pairs opt-in)."""
     args = _kernel_args(case, 12, 70, dependent=(5,))
     rng = np.random.default_rng(13)
     grad = rng.standard_normal((1, 70, HEADS * HEAD_DIM)).astype(args["value"].dtype)
     outs = simulate(ms_deformable_attention_bwd, lnc=1)(
         grad, **args, gather_method=case[5], max_gather_indices_per_indirect=caps,
-        max_scatter_indices_per_indirect=caps)
+        max_scatter_indices_per_indirect=caps, strided_pairs=caps is None)
     refs = ms_deformable_attention_bwd_ref(grad.astype(np.float64), **_f64(args))
     tol = 1e-4 if case[4] == "float32" else 2.5e-2
     for name, got, ref in zip(("grad_value", "grad_sampling_locations",
@@ -291,7 +292,8 @@ def test_backward_kernel_nonfinite_grad_output_of_an_unread_query(caps):
     grad[:, 7] = np.inf
     grad = grad.astype(args["value"].dtype)
     outs = simulate(ms_deformable_attention_bwd, lnc=1)(
-        grad, **args, max_gather_indices_per_indirect=caps, max_scatter_indices_per_indirect=caps)
+        grad, **args, max_gather_indices_per_indirect=caps, max_scatter_indices_per_indirect=caps,
+        strided_pairs=caps is None)
     refs = ms_deformable_attention_bwd_ref(grad.astype(np.float64), **_f64(args))
     for name, got, ref in zip(("grad_value", "grad_sampling_locations",
                                "grad_attention_weights"), outs, refs):

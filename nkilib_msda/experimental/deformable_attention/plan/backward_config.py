@@ -50,8 +50,10 @@ duplicate targets. The emulator re-checks uniqueness on every instruction.
 Batching (> 128 indices per DMA): a (P, M) multi-column index tile is documented only for
 ``dma_transpose`` (docs/kernels.md, "Backward"), so scatters and copy-gathers batch along the free dims
 instead: with no cap or a cap >= 256, one index moves the x-corner pair (x0, x1) of one
-(point, y-corner) as two runs ``[[C_h, P], [d*C_h, 2], [1, C_h]]`` (d = N_h in BLNC, 1 in BNLC,
-where the pair is one contiguous 2*C_h run). The pair starts at ``min(x0c, W-2)`` so both
+(point, y-corner). By default only where the pair is one contiguous ``2*C_h`` run ``[[C_h, P],
+[1, 2*C_h]]`` (BNLC with one channel tile), the form AWS uses; ``strided_pairs=True`` also
+plans the two-run form ``[[C_h, P], [d*C_h, 2], [1, C_t]]`` (d = N_h in BLNC), a three-level
+indirect pattern no NKI page documents (``BackwardConfig.row_pattern``). The pair starts at ``min(x0c, W-2)`` so both
 runs stay inside the level's image row; each corner goes to slot ``x_c - start`` (0 or 1),
 slot coefficients are summed per slot, and corners of weight 0 may add 0.0 to the other slot.
 The two rows of a pair are distinct and belong to the partition's own (h, l), so the proof
@@ -172,6 +174,19 @@ class BackwardConfig:
         """(128, 1) int32: row offset k(j)*R of the buffer partition j of a block scatters into."""
         return (PARTITIONS, 1)
 
+    def row_pattern(self, width: int, pair: bool) -> list[list[int]]:
+        """Access pattern (row units of the (rows, C_h) view, 128 partitions) of one indirect
+        gather/scatter row of ``width`` channels, or of an x-corner pair: one contiguous
+        ``2*C_h`` run when the pair rows are adjacent (BNLC) and the tile is all C_h channels,
+        else the three-level form that only ``strided_pairs`` plans."""
+        c_h = self.problem.head_dim
+        if not pair:
+            return [[c_h, PARTITIONS], [1, width]]
+        step = self.problem.num_heads if self.problem.value_layout == "BLNC" else 1
+        if step == 1 and width == c_h:
+            return [[c_h, PARTITIONS], [1, 2 * c_h]]
+        return [[c_h, PARTITIONS], [step * c_h, 2], [1, width]]
+
     @property
     def pair_mode(self) -> bool:
         return self.gather_pairs or self.scatter_pairs
@@ -253,11 +268,15 @@ def plan_backward(
     compute_grad_attention_weights: bool = True,
     sbuf_budget: int = TRN2_SBUF_BUDGET,
     buffers_per_core: int | None = None,
+    strided_pairs: bool = False,
 ) -> BackwardConfig:
     """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs.
 
     ``buffers_per_core``: K of a given ``grad_value_buffers_in`` (with no scatter cap the
     plan then reuses that K instead of choosing one from the problem size).
+    ``strided_pairs``: also use x-corner pairs whose two rows are not one contiguous run (BLNC,
+    or a channel tile narrower than C_h): a three-level indirect pattern that no NKI page
+    documents and AWS's kernels never use (docs/conformance.md), so off by default.
     """
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc!r}")
@@ -289,7 +308,9 @@ def plan_backward(
                          f"{FP32_EXACT_INT_MAX} (L = {problem.total_pixels}, N_h = {n_h})")
     queries_per_block = PARTITIONS // groups
     cols = 4 * n_p
-    pairs_possible = min(w for _, w in problem.spatial_shapes) >= 2
+    # x-pairs only as one contiguous 2*C_h run (BNLC, one channel tile) unless strided_pairs
+    pairs_possible = min(w for _, w in problem.spatial_shapes) >= 2 and (
+        bool(strided_pairs) or problem.value_layout == "BNLC")
 
     # gather plan
     method = "copy" if itemsize == 4 else gather_method
@@ -329,6 +350,10 @@ def plan_backward(
                            gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions))
 
     width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
+    if width < c_h and not strided_pairs and (gather_pairs or scatter_pairs):
+        # channel tiles make a BNLC pair two runs: plan again without pairs
+        gather_pairs = scatter_pairs = False
+        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
     if blocks == 0:
         used = sbuf_bytes(tiles_for(1, 1))
         fitting = next((k for k in range(n_p - 1, 0, -1)  # an error path: a plain scan will do

@@ -37,11 +37,30 @@ def test_scatter_caps():
     assert (cfg.k_base, cfg.num_buffers, cfg.scatter_pairs) == (2, 2, False)
     cfg = plan_backward(p, "bfloat16", max_scatter_indices_per_indirect=200)
     assert (cfg.scatter_partitions, cfg.scatter_pairs) == (128, False)
+    bnlc = problem(layout="BNLC")
     for cap in (None, 256, 10**6):  # pairs: 256 corner rows per DMA, K unchanged
-        cfg = plan_backward(p, "bfloat16", max_scatter_indices_per_indirect=cap)
+        cfg = plan_backward(bnlc, "bfloat16", max_scatter_indices_per_indirect=cap)
         assert (cfg.scatter_pairs, cfg.num_buffers) == (True, 4)
-    one_wide = problem(shapes=((5, 7), (3, 1)))
+        # BLNC pair rows are N_h rows apart: a three-level pattern, only with strided_pairs
+        assert not plan_backward(p, "bfloat16", max_scatter_indices_per_indirect=cap).scatter_pairs
+        cfg = plan_backward(p, "bfloat16", max_scatter_indices_per_indirect=cap, strided_pairs=True)
+        assert (cfg.scatter_pairs, cfg.num_buffers) == (True, 4)
+    one_wide = problem(shapes=((5, 7), (3, 1)), layout="BNLC")
     assert not plan_backward(one_wide, "bfloat16").scatter_pairs
+
+
+def test_pairs_are_one_contiguous_run_unless_strided_pairs():
+    """Default pairs move one 2*C_h run (AWS's BNLC form); the two-run form needs the knob."""
+    for layout, strided in (("BNLC", False), ("BNLC", True), ("BLNC", True)):
+        cfg = plan_backward(problem(layout=layout), "bfloat16", gather_method="copy",
+                            strided_pairs=strided)
+        assert cfg.gather_pairs and cfg.scatter_pairs
+        pattern = cfg.row_pattern(32, True)
+        assert pattern == ([[32, 128], [1, 64]] if layout == "BNLC" else [[32, 128], [8 * 32, 2], [1, 32]])
+    assert cfg.row_pattern(32, False) == [[32, 128], [1, 32]]
+    # channel tiles (C_t < C_h) split a BNLC pair into two runs: no pairs by default
+    tight = plan_backward(problem(c_h=4096, n_p=4, layout="BNLC"), "float32", sbuf_budget=96 * 1024)
+    assert tight.channel_tile_width < 4096 and not tight.scatter_pairs and not tight.gather_pairs
 
 
 def test_gather_caps():
@@ -54,7 +73,7 @@ def test_gather_caps():
         cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=cap)
         assert cfg.gather_columns == 16  # packet limit 64 // (128 / 32)
     assert plan_backward(problem(c_h=256), "bfloat16").gather_columns == 32
-    cfg = plan_backward(p, "bfloat16", gather_method="copy")
+    cfg = plan_backward(problem(layout="BNLC"), "bfloat16", gather_method="copy")
     assert (cfg.gather_pairs, cfg.gather_columns) == (True, 1)
     cfg = plan_backward(p, "bfloat16", gather_method="copy", max_gather_indices_per_indirect=255)
     assert not cfg.gather_pairs
@@ -97,8 +116,9 @@ def test_scatter_targets_are_unique_per_instruction(n_h, n_l, cap):
     """Brute-force the proof in the module docstring on adversarial rows (all samples of one
     (h, l) hit the same pixel)."""
     shapes = tuple((3 + i, 4 + i) for i in range(n_l))
+    # strided_pairs: BLNC pairs, whose second row (pix + 1) * N_h + h is derived per instruction
     cfg = plan_backward(problem(n_h=n_h, shapes=shapes, n_p=4), "bfloat16",
-                               max_scatter_indices_per_indirect=cap)
+                        max_scatter_indices_per_indirect=cap, strided_pairs=True)
     rows = cfg.rows_per_batch
     g = cfg.groups
     for j0 in range(0, cfg.partitions_per_block, cfg.scatter_partitions):
