@@ -88,3 +88,8 @@ def planner_sbuf_budget(usable_bytes: int) -> int:
     """The planners' SBUF budget per partition for a device reporting ``usable_bytes``
     (``nl.tile_size.sbuf_fmax_bytes``): that minus the one planner reserve."""
     return int(usable_bytes) - PLANNER_SBUF_RESERVE_BYTES
+
+# Valid input range of the Scalar engine's square root (the activation-function table,
+# nki.api.shared, "Valid Input Range"): outside it "the Scalar Engine will generate invalid
+# output results".
+SQRT_VALID_INPUT = (2.0 ** -116, 2.0 ** 118)

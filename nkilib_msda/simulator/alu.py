@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from nkilib_msda.hardware import SQRT_VALID_INPUT
 from nkilib_msda.simulator.context import current
 from nkilib_msda.simulator.errors import NkiWarning, nki_error
 
@@ -309,7 +310,7 @@ copy = NkiOp("copy", activation_fn=lambda x: x, wrapper="copy")
 identity = NkiOp("identity", activation_fn=lambda x: x, wrapper="copy")
 exp = _act("exp", np.exp)
 log = _act("log", np.log, (2.0 ** -64, 2.0 ** 64, False))
-sqrt = _act("sqrt", np.sqrt, (2.0 ** -116, 2.0 ** 118, False))
+sqrt = _act("sqrt", np.sqrt, (*SQRT_VALID_INPUT, False))
 sigmoid = _act("sigmoid", _sigmoid)
 gelu = _act("gelu", _gelu)
 gelu_dx = _act("gelu_dx", _gelu_dx)

@@ -21,7 +21,8 @@ from typing import Any
 from nkilib_msda._nki import nki, nisa, nl
 from nkilib_msda.experimental.block_attn_res._kernel_common import (
     NamedTiles, check_vector_arg, dtype_str, launch, load_query, sbuf_budget)
-from nkilib_msda.experimental.block_attn_res.tiling import TOKEN_TILE, ForwardPlan, plan_forward
+from nkilib_msda.experimental.block_attn_res.tiling import (TOKEN_TILE, ForwardPlan, check_rmsnorm_eps,
+                                                            plan_forward)
 
 __all__ = ["block_attn_res_fwd"]
 
@@ -211,7 +212,8 @@ def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsno
         proj_weight (HBM tensor): [D] float32, the query projection w.
         rmsnorm_gamma (HBM tensor | None): [D] float32; required when ``enable_rmsnorm``.
         scale (float): multiplies the scores (default 1.0).
-        rmsnorm_eps (float): RMSNorm epsilon (default 1e-6).
+        rmsnorm_eps (float): RMSNorm epsilon (default 1e-6), in [2^-116, 2^116] with RMSNorm (an
+            all-zero source row takes nl.sqrt(eps); tiling.check_rmsnorm_eps).
         enable_rmsnorm (bool): score RMS-normalized sources (default True).
         mode (str | None): None (the plan's choice), "slab" (all sources of a tile on chip)
             or "stream" (groups of sources with an online softmax).
@@ -249,6 +251,7 @@ def block_attn_res_fwd(values, proj_weight, rmsnorm_gamma=None, scale=1.0, rmsno
     check_vector_arg("proj_weight", proj_weight, dim)
     if enable_rmsnorm:
         check_vector_arg("rmsnorm_gamma", rmsnorm_gamma, dim)
+    check_rmsnorm_eps(rmsnorm_eps, bool(enable_rmsnorm))
     lnc, pid = launch()
     plan = plan_forward(n_src, n_tok, dim, dtype_str(values), lnc, bool(enable_rmsnorm),
                         sbuf_budget=sbuf_budget(), force_mode=mode, force_group=group)

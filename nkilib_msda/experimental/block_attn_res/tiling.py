@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, cast
 
 from nkilib_msda.hardware import DTYPE_BYTES as _ALL_DTYPE_BYTES
-from nkilib_msda.hardware import KERNEL_DTYPES, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32
+from nkilib_msda.hardware import KERNEL_DTYPES, PARTITIONS, PLANNER_SBUF_BUDGET, PSUM_BANK_FP32, SQRT_VALID_INPUT
 
 __all__ = ["TOKEN_TILE", "BETA_CHUNK", "PLANNER_SBUF_BUDGET", "ForwardPlan", "BackwardPlan",
            "plan_forward", "plan_backward"]
@@ -149,6 +149,17 @@ def _check_common(num_sources: int, num_tokens: int, dim: int, dtype: str, lnc: 
         raise ValueError(f"dtype: expected one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2, got {lnc}")
+
+
+def check_rmsnorm_eps(rmsnorm_eps: float, enable_rmsnorm: bool) -> None:
+    """With RMSNorm the forward takes sqrt(mean (c v)^2 + eps c^2) with c = 1 for a row of
+    small values (mean (c v)^2 <= 4 otherwise), so an all-zero source row reaches sqrt(eps):
+    eps must keep that inside the square root's documented input range
+    (hardware.SQRT_VALID_INPUT, [2^-116, 2^118]); this rejects 0, NaN and inf."""
+    low, high = SQRT_VALID_INPUT
+    if enable_rmsnorm and not (low <= rmsnorm_eps <= high / 4):
+        raise ValueError(f"rmsnorm_eps: expected a number in [2^-116, 2^116] for the NKI kernel "
+                         f"(an all-zero row takes nl.sqrt(eps), valid from 2^-116), got {rmsnorm_eps!r}")
 
 
 def _check_mode(force_mode: str | None) -> None:

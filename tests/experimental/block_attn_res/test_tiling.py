@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nkilib_msda.experimental.block_attn_res.tiling import (
-    PLANNER_SBUF_BUDGET, TOKEN_TILE, plan_backward, plan_forward)
+    PLANNER_SBUF_BUDGET, TOKEN_TILE, check_rmsnorm_eps, plan_backward, plan_forward)
 
 BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 
@@ -113,3 +113,15 @@ def test_too_wide_rows_name_d_and_the_largest_d_that_fits(plan):
     assert plan(4, 128, largest, "bfloat16").dim == largest
     with pytest.raises(ValueError, match="no tiling fits"):
         plan(4, 128, largest + 1, "bfloat16")
+
+
+def test_rmsnorm_eps_must_keep_sqrt_in_its_documented_range():
+    """An all-zero source row takes nl.sqrt(eps); the activation table's sqrt range starts at
+    2^-116, so the NKI forward rejects eps = 0 (and NaN/inf) with RMSNorm, one line naming it."""
+    for eps in (2.0 ** -116, 1e-6, 1.0, 2.0 ** 116):
+        check_rmsnorm_eps(eps, True)
+    for eps in (0.0, -1e-6, 2.0 ** -117, float("nan"), float("inf"), 2.0 ** 117):
+        with pytest.raises(ValueError, match=r"^rmsnorm_eps: expected a number in \[2\^-116") as err:
+            check_rmsnorm_eps(eps, True)
+        assert "\n" not in str(err.value)
+    check_rmsnorm_eps(0.0, False)   # no RMSNorm: no square root
