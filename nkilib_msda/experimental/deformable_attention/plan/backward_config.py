@@ -84,6 +84,11 @@ from nkilib_msda.validation.arguments import check_positive_int
 from nkilib_msda.validation.msda import MSDAProblem
 
 MAX_SCATTER_BUFFER_SETS = 8
+# AWS's backward asserts num_scatter_buffers <= 2 when C_h > 256: "the Step 17 reduce races
+# the still-draining indirect scatters" (nki-library ms_deformable_attention_bwd.py, config).
+# No page documents the DMA ordering that would rule this out for us, so the same cap applies.
+MAX_WIDE_SCATTER_SETS = 2
+WIDE_SCATTER_HEAD_DIM = 256
 MAX_DMA_COMPUTE_SOURCES = 16
 # The planners' one SBUF budget (nkilib_msda.hardware); the kernel passes its target's.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
@@ -289,6 +294,11 @@ def plan_backward(
             or not 1 <= num_scatter_buffers <= MAX_SCATTER_BUFFER_SETS):
         raise ValueError(f"num_scatter_buffers: expected None or an int in [1, {MAX_SCATTER_BUFFER_SETS}], "
                          f"got {num_scatter_buffers!r}")
+    if num_scatter_buffers != None and num_scatter_buffers > MAX_WIDE_SCATTER_SETS and (  # noqa: E711
+            problem.head_dim > WIDE_SCATTER_HEAD_DIM):
+        raise ValueError(f"num_scatter_buffers: expected at most {MAX_WIDE_SCATTER_SETS} buffer sets for "
+                         f"C_h > {WIDE_SCATTER_HEAD_DIM} (AWS's cap: the reduce can race still-draining "
+                         f"scatters), got {num_scatter_buffers} with C_h = {problem.head_dim}")
     flags = (compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights)
     if not any(flags):
         raise ValueError("compute_grad_value, compute_grad_sampling_locations, compute_grad_attention_weights: "

@@ -84,6 +84,14 @@ def test_gather_caps():
     assert plan_backward(p, "float32").gather_method == "copy"
 
 
+def test_wide_heads_take_at_most_two_buffer_sets():
+    """AWS's cap (its reduce races still-draining scatters for C_h > 256 with > 2 sets)."""
+    assert plan_backward(problem(c_h=256), "bfloat16", num_scatter_buffers=8).scatter_sets == 8
+    assert plan_backward(problem(c_h=288), "bfloat16", num_scatter_buffers=2).scatter_sets == 2
+    with pytest.raises(ValueError, match=r"^num_scatter_buffers: expected at most 2 .*C_h = 288$"):
+        plan_backward(problem(c_h=288), "bfloat16", num_scatter_buffers=3)
+
+
 def test_bad_knobs_raise_named_errors():
     p = problem()
     for kwargs, name in [({"gather_method": "fast"}, "gather_method"),
