@@ -93,3 +93,6 @@ def planner_sbuf_budget(usable_bytes: int) -> int:
 # nki.api.shared, "Valid Input Range"): outside it "the Scalar Engine will generate invalid
 # output results".
 SQRT_VALID_INPUT = (2.0 ** -116, 2.0 ** 118)
+
+# dma_compute: "max number of source tensors in srcs is 16" (nki.isa.dma_compute page).
+DMA_COMPUTE_MAX_SOURCES = 16

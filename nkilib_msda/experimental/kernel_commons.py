@@ -46,19 +46,13 @@ def core_info() -> tuple[int, int]:
 
     The NKI 0.7+ idiom from the LNC page: ``nl.num_programs()`` is the LNC degree and
     ``nl.program_id(0)`` the core, whether the degree came from NEURON_LOGICAL_NC_CONFIG or
-    from a (deprecated) bracket launch ``kernel[2]``. ``nl.program_ndim()`` counts grid axes
-    (0 without a grid) and says nothing about the number of cores, so it is not used as a
-    gate. Only an NKI front end that refuses ``num_programs`` without a grid (the pre-0.7
-    model, where such a launch ran a single program) falls back to (1, 0).
+    from a (deprecated) bracket launch ``kernel[2]`` ("If LNC is not being used, this API will
+    return 1"). ``nl.program_ndim()`` counts grid axes (0 without a grid) and says nothing
+    about the number of cores, so it is not used as a gate.
     """
     from nkilib_msda._nki import nl
 
-    try:
-        lnc, core = int(nl.num_programs()), int(nl.program_id(0))
-    except Exception:  # noqa: BLE001 - pre-0.7 model: no grid means one program
-        if nl.program_ndim() != 0:
-            raise
-        return 1, 0
+    lnc, core = int(nl.num_programs()), int(nl.program_id(0))
     if not 1 <= lnc <= MAX_LNC or not 0 <= core < lnc:
         raise ValueError(f"LNC: expected degree 1 or 2 and a core below it, got degree {lnc}, "
                          f"core {core}")
@@ -88,13 +82,10 @@ def core_barrier(data: Any, lnc: int) -> None:
 
 def usable_sbuf_bytes() -> int:
     """Usable SBUF bytes per partition of the running target: ``nl.tile_size.sbuf_fmax_bytes``
-    (``total_available_sbuf_size`` is its deprecated name)."""
+    (its deprecated name ``total_available_sbuf_size`` is not used)."""
     from nkilib_msda._nki import nl
 
-    size = getattr(nl.tile_size, "sbuf_fmax_bytes", None)
-    if size == None:  # noqa: E711
-        size = nl.tile_size.total_available_sbuf_size
-    return int(size)
+    return int(nl.tile_size.sbuf_fmax_bytes)
 
 
 def kernel_sbuf_budget() -> int:

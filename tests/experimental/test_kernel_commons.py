@@ -1,4 +1,4 @@
-"""kernel_commons: one definition of the hardware facts; core_info / core_barrier fallbacks."""
+"""kernel_commons: one definition of the hardware facts; core_info / core_barrier."""
 
 from __future__ import annotations
 
@@ -49,11 +49,18 @@ class _FakeNl:
     (_FakeNl(2, 1, 0), (2, 1)),          # env-var LNC 2: no grid, yet two cores
     (_FakeNl(2, 0, 1), (2, 0)),          # bracket launch
     (_FakeNl(1, 0, 0), (1, 0)),          # LNC 1
-    (_FakeNl(1, 0, 0, raise_without_grid=True), (1, 0)),   # pre-0.7 front end without a grid
 ])
 def test_core_info(monkeypatch, fake, want):
     monkeypatch.setattr(nki_mod, "nl", fake)
     assert kc.core_info() == want
+
+
+def test_core_info_has_no_pre_07_fallback(monkeypatch):
+    """NKI 0.7+ documents num_programs() without a grid (1 without LNC): a front end that
+    refuses it is not supported, so the error propagates (issue 29: unreachable fallback)."""
+    monkeypatch.setattr(nki_mod, "nl", _FakeNl(1, 0, 0, raise_without_grid=True))
+    with pytest.raises(RuntimeError, match="no grid"):
+        kc.core_info()
 
 
 def test_core_info_rejects_impossible_launches(monkeypatch):
@@ -76,14 +83,15 @@ def test_core_barrier_prefers_nki_lnc(monkeypatch):
     assert calls[-1] == ("isa", {"data": "buf", "cores": (0, 1)})
 
 
-def test_usable_sbuf_bytes_prefers_sbuf_fmax_bytes(monkeypatch):
+def test_usable_sbuf_bytes_reads_sbuf_fmax_bytes_only(monkeypatch):
     new = types.SimpleNamespace(tile_size=types.SimpleNamespace(sbuf_fmax_bytes=1234,
                                                                 total_available_sbuf_size=99))
     monkeypatch.setattr(nki_mod, "nl", new)
     assert kc.usable_sbuf_bytes() == 1234
     old = types.SimpleNamespace(tile_size=types.SimpleNamespace(total_available_sbuf_size=99))
-    monkeypatch.setattr(nki_mod, "nl", old)
-    assert kc.usable_sbuf_bytes() == 99
+    monkeypatch.setattr(nki_mod, "nl", old)   # the deprecated name alone is not read
+    with pytest.raises(AttributeError):
+        kc.usable_sbuf_bytes()
 
 
 def test_kernel_budget_is_the_running_targets_usable_sbuf_minus_the_one_reserve(monkeypatch):

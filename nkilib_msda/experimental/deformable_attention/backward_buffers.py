@@ -8,7 +8,8 @@ offset, k*R into the index, see backward_config for the uniqueness proof).
 from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
-from nkilib_msda.experimental.deformable_attention.plan.backward_config import MAX_DMA_COMPUTE_SOURCES, PARTITIONS
+from nkilib_msda.experimental.deformable_attention.plan.backward_config import PARTITIONS
+from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import MAX_DMA_COMPUTE_SOURCES
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import REDUCE_FREE_ELEMENTS
 
 
@@ -58,7 +59,8 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
     """grad_value = sum of all lnc*K buffers of every set (fixed order) - prev, cast once.
 
     Core s reduces its band of every batch; <= 16 sources per dma_compute, extra sources are
-    added 15 at a time onto the running fp32 SBUF sum.
+    added 15 at a time onto the running fp32 SBUF sum (two SBUF tiles in turn, so no
+    dma_compute writes one of its own sources).
     """
     p = cfg.problem
     per_batch = cfg.rows_per_batch * p.head_dim
@@ -72,14 +74,21 @@ def reduce_and_store(cfg, buffer_sets, core: int, tiles, grad_value, prev_reduce
     for b in range(p.batch):
         first = b * cfg.total_buffers * region
         for off, parts, width in flat_chunks(e0, e1):
+            turns = (tiles.red, tiles.red_alt)
             acc = tiles.red[0:parts, 0:width]
             srcs = [_rect(flat, first + k * region + off, parts, width)
                     for flat in flats for k in range(cfg.total_buffers)]
             nisa.dma_compute(dst=acc, srcs=srcs[:MAX_DMA_COMPUTE_SOURCES], reduce_op=nl.add)
             rest = srcs[MAX_DMA_COMPUTE_SOURCES:]
+            turn = 0
             while rest:
+                # ping-pong: a non-indirect dma_compute's dst never aliases a source (aliasing
+                # is documented only for the read-modify-write modes)
                 step = MAX_DMA_COMPUTE_SOURCES - 1
-                nisa.dma_compute(dst=acc, srcs=[acc] + rest[:step], reduce_op=nl.add)
+                turn = 1 - turn
+                nxt = turns[turn][0:parts, 0:width]
+                nisa.dma_compute(dst=nxt, srcs=[acc] + rest[:step], reduce_op=nl.add)
+                acc = nxt
                 rest = rest[step:]
             out_off = b * per_batch + off
             if red_flat != None:  # noqa: E711

@@ -55,13 +55,15 @@ class CornerGather:
                             break
                         src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
                                               vector_offset=self._index_tile(col0 + k0, kn))
-                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src)
+                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src,
+                                           axes=(1, 0))
                     for k0 in range(0, mg, cfg.psum_columns):
                         k1 = min(mg, k0 + cfg.psum_columns)
                         for k in range(k0, k1):
                             j, i = divmod(k, m)
                             nisa.nc_transpose(dst=self.t.psum[0:PARTITIONS, k - k0, 0:c],
-                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS])
+                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS],
+                                              engine=nisa.engine.tensor)
                         nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
                                          src=self.t.psum[0:n, 0:k1 - k0, 0:c])
             return

@@ -71,6 +71,7 @@ class BackwardTiles:
     sidx: Any = None
     sidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked scatter index columns
     coef: Any = None
+    red_alt: Any = None        # fp32 ping-pong partner of red (more than 16 buffers to sum)
     # (x0, x1) pair mode
     pair_rows: Any = None
     pair_sel: Any = None

@@ -201,7 +201,7 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
                                         tidx, [[1, m]], offset=region + j * cfg.index_stride))
                 dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
                                     first_partition=j * ct)
-                nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
+                nisa.dma_transpose(dst=dst, src=src, axes=(1, 0), oob_mode=oob)
         for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
             ps = buf.psum[counters["psum"] % cfg.psum_bufs]
             counters["psum"] += 1
@@ -213,7 +213,8 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
                     nisa.nc_transpose(
                         dst=smp.tile_view(ps, [[1, f * ct]], offset=(s0 - k0) * c + c0),
                         data=smp.tile_view(buf.gathered_t[gbuf][t], [[1, PARTITIONS]],
-                                           offset=i * PARTITIONS, parts=f * ct))
+                                           offset=i * PARTITIONS, parts=f * ct),
+                        engine=nisa.engine.tensor)
             dst = smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c)
             nisa.tensor_tensor(dst=dst,
                                data1=smp.tile_view(ps, [[c, kn], [1, c]]),

@@ -364,10 +364,12 @@ class _BackwardKernel:
         if len(tiles) > 1:
             self._load_grad(b, q0, n, blocks, *tiles[0])
         nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 2:3], op0=nl.bitwise_and, operand0=_EXPONENT_BITS)
-        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.subtract, operand0=_TWO_POW_127_BITS,
-                           reverse0=True, op1=nl.maximum, operand1=_TWO_POW_MINUS_126_BITS)
-        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.minimum, operand0=_ONE_BITS)
-        nisa.tensor_scalar(dst=bits[:, 1:2], data=bits[:, 0:1], op0=nl.subtract, operand0=_TWO_POW_127_BITS,
+        # arithmetic operands are float32 immediates (tensor_scalar: "must be float32"); every
+        # value is a multiple of 2^23 below 2^31, exact in fp32
+        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.subtract, operand0=float(_TWO_POW_127_BITS),
+                           reverse0=True, op1=nl.maximum, operand1=float(_TWO_POW_MINUS_126_BITS))
+        nisa.tensor_scalar(dst=bits[:, 0:1], data=bits[:, 0:1], op0=nl.minimum, operand0=float(_ONE_BITS))
+        nisa.tensor_scalar(dst=bits[:, 1:2], data=bits[:, 0:1], op0=nl.subtract, operand0=float(_TWO_POW_127_BITS),
                            reverse0=True)
 
     def _sample_gradients(self, b: int, row0: int, n: int, f: int, blocks: int) -> None:

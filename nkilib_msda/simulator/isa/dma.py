@@ -39,6 +39,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
+from nkilib_msda.hardware import DMA_COMPUTE_MAX_SOURCES
 from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE as _TRANSPOSE_MAX_FREE
 from nkilib_msda.hardware import PARTITIONS as _PARTITIONS
 from nkilib_msda.simulator.access import (read, read_raw, report_hazard, store,
@@ -58,7 +59,7 @@ from nkilib_msda.simulator.tensor import DynamicAccess, IndirectAccess, NkiTenso
 
 __all__ = ["dma_copy", "dma_transpose", "dma_compute"]
 
-MAX_DMA_COMPUTE_SOURCES = 16
+MAX_DMA_COMPUTE_SOURCES = DMA_COMPUTE_MAX_SOURCES
 _TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 

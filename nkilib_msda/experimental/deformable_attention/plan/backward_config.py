@@ -76,7 +76,8 @@ from dataclasses import dataclass, field, replace
 
 from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import default_scatter_partitions
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
-    SbufTiles, channel_tile_widths, fit_sbuf, pad_columns, sbuf_bytes, sbuf_tiles, transpose_chunks,
+    SbufTiles, channel_tile_widths, fit_sbuf, pad_columns, sbuf_bytes, sbuf_tiles,
+    transpose_chunks,
     transpose_gather_columns)
 from nkilib_msda.hardware import (DTYPE_BYTES, FP32_EXACT_INT_MAX, KERNEL_DTYPES, PARTITIONS,
                                   PLANNER_SBUF_BUDGET, PSUM_BANK_BYTES)
@@ -89,7 +90,6 @@ MAX_SCATTER_BUFFER_SETS = 8
 # No page documents the DMA ordering that would rule this out for us, so the same cap applies.
 MAX_WIDE_SCATTER_SETS = 2
 WIDE_SCATTER_HEAD_DIM = 256
-MAX_DMA_COMPUTE_SOURCES = 16
 # The planners' one SBUF budget (nkilib_msda.hardware); the kernel passes its target's.
 TRN2_SBUF_BUDGET = PLANNER_SBUF_BUDGET["trn2"]
 GATHER_METHODS = ("transpose", "copy")
@@ -357,7 +357,8 @@ def plan_backward(
         shape = problem if points == n_p else replace(problem, num_points=points)
         return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
                            compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
-                           gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions))
+                           gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions),
+                           sets * lnc * k_base)
 
     width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
     if width < c_h and not strided_pairs and (gather_pairs or scatter_pairs):

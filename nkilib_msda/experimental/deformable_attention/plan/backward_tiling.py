@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from nkilib_msda.hardware import DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES, INDEX_TILE_ALIGN_WORDS, PARTITIONS
+from nkilib_msda.hardware import (DMA_COMPUTE_MAX_SOURCES, DMA_TRANSPOSE_MAX_FREE, DTYPE_BYTES,
+                                  INDEX_TILE_ALIGN_WORDS, PARTITIONS)
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["GATHER_TRANSPOSE_BUFS", "MAX_BLOCKS_PER_TILE", "REDUCE_FREE_ELEMENTS",
@@ -53,6 +54,9 @@ def gather_split(gather_columns: int, channels: int) -> tuple[int, int]:
     return band, -(-gather_columns // (PARTITIONS // band))
 
 
+MAX_DMA_COMPUTE_SOURCES = DMA_COMPUTE_MAX_SOURCES
+
+
 def live_chunks(n: int, step: int) -> list[tuple[int, int]]:
     """Partition chunks [j0, j1) of ``step`` partitions covering the live partitions [0, n)."""
     return [(j0, min(n, j0 + step)) for j0 in range(0, n, step)]
@@ -78,7 +82,7 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
-               pairs: bool, live_pad_columns: int = 0) -> SbufTiles:
+               pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
@@ -86,6 +90,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     Channel tiles of ``width`` channels size grad, work and gathered; ``tiled`` (more than
     one channel tile) adds the per-block partial dot products summed over the tiles.
     ``live_pad_columns``: the live-row pad columns of backward_live_rows (128-partition DMAs).
+    ``reduce_sources``: buffers summed per reduced element (sets * lnc * K); above 16 the
+    reduce ping-pongs between two fp32 tiles (``red_alt``).
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
@@ -149,6 +155,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),
         ("red_out", (REDUCE_FREE_ELEMENTS,), value_dtype),
     ]
+    if want_value and reduce_sources > MAX_DMA_COMPUTE_SOURCES:
+        tiles.append(("red_alt", (REDUCE_FREE_ELEMENTS,), "float32"))
     return tuple(tiles)
 
 
