@@ -276,7 +276,7 @@ def prepare_corner_tile(buf: Any, cfg: Any, index: int, b: int, tile: Any, locat
         smp.mark_padded_rows(rows, buf.pad, buf.pad_ints, tile.partitions, n, oob_row)
     blocks = tuple((d0 // 4, dn // 4) for d0, dn in cfg.dma_blocks(tile.q_pack))
     smp.transpose_tile_indices(buf.tidx[slot], rows, blocks, cfg.stack // 4,
-                               cfg.dma_cols_per_instruction)
+                               cfg.dma_cols_per_instruction, cfg.index_stride)
 
 
 def gather_corner_blocks(buf: Any, tidx: Any, prod: Any, weights: Any, cfg: Any, cell_rows: Any,
@@ -286,20 +286,20 @@ def gather_corner_blocks(buf: Any, tidx: Any, prod: Any, weights: Any, cfg: Any,
     one multiply per PSUM block (no product mask; see the module docstring)."""
     c = cfg.problem.head_dim
     stack, per = cfg.stack, cfg.stack // 4
-    width = cfg.dma_cols_per_instruction
+    stride = cfg.index_stride  # 16-byte-aligned index tiles (docs/kernels.md, "Indirect DMAs")
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
         gbuf = counters["block"] % cfg.gather_bufs
         counters["block"] += 1
-        region = counters["tile_block"] * per * width
+        region = counters["tile_block"] * per * stride
         counters["tile_block"] += 1
         samples = dn // 4
         for j in range(min(per, samples)):
             m = (samples - j + per - 1) // per
             src = cell_rows.ap([[4 * c, m * PARTITIONS], [1, 4 * c]], offset=batch_offset,
-                               vector_offset=smp.tile_view(tidx, [[1, m]], offset=region + j * width))
+                               vector_offset=smp.tile_view(tidx, [[1, m]], offset=region + j * stride))
             dst = smp.tile_view(buf.gathered_t[gbuf][0], [[1, m * PARTITIONS]], parts=4 * c,
                                 first_partition=j * 4 * c)
-            nisa.dma_transpose(dst=dst, src=src, oob_mode=oob)
+            nisa.dma_transpose(dst=dst, src=src, axes=(1, 0), oob_mode=oob)
         for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
             ps = buf.psum[counters["psum"] % cfg.psum_bufs]
             counters["psum"] += 1
