@@ -38,6 +38,10 @@ class Capabilities:
     ``always_deterministic``: grad_value is bitwise reproducible whatever ``deterministic``
     says; otherwise ``deterministic=True`` selects a reproducible (slower) mode.
     ``block_attn_res_dtypes``: dtypes of its Block AttnRes kernels; empty when it has none.
+    ``level_tables``: its ``msda_forward`` / ``msda_backward`` take ``level_tables=(shapes,
+    starts)``, int32 device tensors (N_l, 2) and (N_l,) that its kernels read, in which case the
+    problem's ``spatial_shapes`` and ``level_start_index`` are empty (the values are not known on
+    the host) and ``total_pixels`` is value's length.
     """
 
     device_types: tuple[str, ...]
@@ -48,6 +52,7 @@ class Capabilities:
     sampling_locations_layouts: tuple[str, ...] = LOCATION_LAYOUTS
     always_deterministic: bool = True
     block_attn_res_dtypes: tuple[str, ...] = ()
+    level_tables: bool = False
     device_note: str = ""  # appended to the device refusal (how to get a device it takes)
 
     @property

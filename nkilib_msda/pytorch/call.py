@@ -9,7 +9,9 @@ take the :class:`MsdaCall`, never the raw arguments again.
 
 After validation ``spatial_shapes`` has one form, ``problem.spatial_shapes`` (a tuple of
 (H, W) int pairs); the operators' flat int list ``[H0, W0, H1, W1, ...]`` exists only on the
-operator boundary (:meth:`MsdaCall.op_args`, :func:`bind_msda_op_call`).
+operator boundary (:meth:`MsdaCall.op_args`, :func:`bind_msda_op_call`). The exception is a
+shapes tensor on a device whose backend reads level tables there (:mod:`.tensor_shapes_ops`):
+then the call carries the tables (``MsdaCall.tables``) and a problem without the values.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from nkilib_msda.backends import get_backend
 from nkilib_msda.pytorch import dispatch
 from nkilib_msda.pytorch._modes import autocast_disabled
 from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.pytorch.tensor_shapes_ops import (
+    LevelTables, level_tables, refuse_host_read_in_capture, shapes_on_device,
+    tensor_shapes_problem, validation_shapes)
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["MsdaCall", "bind_msda_call", "bind_msda_op_call", "msda_operator_args",
@@ -42,7 +47,9 @@ class MsdaCall:
 
     ``backend`` was selected for ``problem`` from ``request`` (the ``backend=`` argument, None
     for automatic); ``backward_checked`` says the selection also checked the backward's limits
-    (otherwise :meth:`for_backward` does, once, when autograd records the call).
+    (otherwise :meth:`for_backward` does, once, when autograd records the call). ``tables``:
+    the level tables on the device when the shapes stay there (then ``problem`` is a
+    :class:`~.tensor_shapes_ops.TensorShapesProblem`), else None.
     """
 
     problem: MSDAProblem
@@ -50,6 +57,7 @@ class MsdaCall:
     request: str | None
     deterministic: bool | None
     backward_checked: bool
+    tables: LevelTables | None = None
 
     # ------------------------------------------------------------------ compute
 
@@ -60,7 +68,7 @@ class MsdaCall:
             return value.new_zeros(self.problem.output_shape)
         with autocast_disabled(value.device.type):
             out = get_backend(self.backend).msda_forward(value, self.problem, sampling_locations,
-                                                         attention_weights)
+                                                         attention_weights, **self._tables_arg())
         return _as_like(out, value.dtype, None)
 
     def backward(self, grad_output: Tensor, value: Tensor, sampling_locations: Tensor,
@@ -74,7 +82,7 @@ class MsdaCall:
             with autocast_disabled(value.device.type):
                 grads = get_backend(self.backend).msda_backward(
                     grad_output, value, self.problem, sampling_locations, attention_weights,
-                    flags, deterministic=self.deterministic)
+                    flags, deterministic=self.deterministic, **self._tables_arg())
         else:
             grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                      torch.zeros_like(attention_weights))
@@ -82,6 +90,9 @@ class MsdaCall:
         return (_as_like(grad_value, value.dtype, value.shape),
                 _as_like(grad_loc, sampling_locations.dtype, sampling_locations.shape),
                 _as_like(grad_attn, attention_weights.dtype, attention_weights.shape))
+
+    def _tables_arg(self) -> dict[str, Any]:
+        return {} if self.tables is None else {"level_tables": self.tables}
 
     # ------------------------------------------------------------------ checks
 
@@ -102,16 +113,22 @@ class MsdaCall:
         p = self.problem
         if grad_output.shape == p.output_shape and grad_output.dtype == value.dtype:
             return
-        validated_problem(value, p.spatial_shapes, p.level_start_index, sampling_locations,
-                          attention_weights, p.value_layout, p.sampling_locations_layout,
-                          p.align_corners, p.padding_mode, grad_output=grad_output)
+        shapes = validation_shapes(p)
+        validated_problem(value, shapes, None if shapes is not p.spatial_shapes else
+                          p.level_start_index, sampling_locations, attention_weights,
+                          p.value_layout, p.sampling_locations_layout, p.align_corners,
+                          p.padding_mode, grad_output=grad_output)
 
     # ------------------------------------------------------------------ operator boundary
 
-    def op_args(self) -> tuple[list[int], list[int], str, str, bool, str]:
-        """(flat spatial shapes, level starts, value_layout, sampling_locations_layout,
-        align_corners, padding_mode) as the operators take them."""
-        return _problem_op_args(self.problem)
+    def op_args(self) -> tuple[Any, Any, str, str, bool, str]:
+        """(spatial shapes, level starts, value_layout, sampling_locations_layout,
+        align_corners, padding_mode) as the operators take them: flat int lists for the int-list
+        family, the level tables for the tensor-shapes family (when :attr:`tables` is set)."""
+        args = _problem_op_args(self.problem)
+        if self.tables is not None:
+            return (self.tables.shapes, self.tables.starts, *args[2:])
+        return args
 
     @property
     def op_backend(self) -> str:
@@ -165,15 +182,48 @@ def bind_msda_call(value: Any, spatial_shapes: Any, level_start_index: Any,
     ``backend``: None or "auto" (automatic), or a backend name. ``needs_backward``: select
     with the backward's limits too (autograd will record the call). ``grad_output``: the
     backward operator's incoming gradient, validated with the rest."""
+    argument = dispatch.backend_argument(backend)
+    request = None if argument == dispatch.AUTO else argument
+    if shapes_on_device(spatial_shapes):
+        call = _bind_on_device(value, spatial_shapes, level_start_index, sampling_locations,
+                               attention_weights, value_layout, sampling_locations_layout,
+                               align_corners, padding_mode, request, deterministic,
+                               needs_backward, grad_output)
+        if call is not None:
+            return call
     problem, deterministic = _checked_problem(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
         value_layout, sampling_locations_layout, align_corners, padding_mode, deterministic,
         grad_output)
-    argument = dispatch.backend_argument(backend)
-    request = None if argument == dispatch.AUTO else argument
     name = dispatch.select_backend(request, problem, value, sampling_locations,
                                    needs_backward=needs_backward)
     return MsdaCall(problem, name, request, deterministic, needs_backward)
+
+
+def _bind_on_device(value: Any, spatial_shapes: Tensor, level_start_index: Any,
+                    sampling_locations: Any, attention_weights: Any, value_layout: Any,
+                    sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                    request: str | None, deterministic: Any, needs_backward: bool,
+                    grad_output: Any) -> MsdaCall | None:
+    """The call with the shapes kept on the device (no host read) when the backend selected
+    for it reads level tables there; None when it needs the values on the host (refused while a
+    CUDA graph is captured)."""
+    _check_tensors(value, sampling_locations, attention_weights)
+    if not dispatch.takes_level_tables(request, value.device):
+        refuse_host_read_in_capture(dispatch.requested_backend(request, value.device).name)
+        return None
+    deterministic = check_optional_bool("deterministic", deterministic)
+    problem = tensor_shapes_problem(value, spatial_shapes, sampling_locations, attention_weights,
+                                    value_layout, sampling_locations_layout, align_corners,
+                                    padding_mode, grad_output)
+    _check_devices(value, sampling_locations, attention_weights)
+    name = dispatch.select_backend(request, problem, value, sampling_locations,
+                                   needs_backward=needs_backward)
+    if not get_backend(name).CAPABILITIES.level_tables:  # the automatic fallback
+        refuse_host_read_in_capture(name)
+        return None
+    return MsdaCall(problem, name, request, deterministic, needs_backward,
+                    level_tables(spatial_shapes, level_start_index))
 
 
 def _checked_problem(value: Any, spatial_shapes: Any, level_start_index: Any,

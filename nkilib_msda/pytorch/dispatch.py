@@ -31,7 +31,7 @@ from nkilib_msda.validation.msda import MSDAProblem
 __all__ = ["ENV_VAR", "AUTO", "NEURON_DEVICE_TYPES", "BackendChoice", "backend_argument",
            "requested_backend",
            "device_default_backend", "select_backend", "has_symbolic_sizes", "select_block_attn_res_backend",
-           "backward_backend"]
+           "backward_backend", "takes_level_tables"]
 
 ENV_VAR = "NKILIB_MSDA_BACKEND"
 AUTO = "auto"
@@ -66,6 +66,15 @@ def requested_backend(backend: str | None, device: torch.device,
             return BackendChoice(env, ENV_VAR)
     default = device_default_backend(device)
     return BackendChoice(default if default in names else FALLBACK_BACKEND, "device")
+
+
+def takes_level_tables(backend: str | None, device: torch.device) -> bool:
+    """Whether the backend requested for a call on ``device`` reads the level tables from device
+    memory (``Capabilities.level_tables``), so the shapes need not be read on the host."""
+    try:
+        return get_backend(requested_backend(backend, device).name).CAPABILITIES.level_tables
+    except BackendUnavailableError:
+        return False
 
 
 def backend_argument(backend: str | None, names: tuple[str, ...] | None = None) -> str:

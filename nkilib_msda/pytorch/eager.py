@@ -5,7 +5,7 @@ call (custom-op dispatch, dynamo-disable wrappers, binding the operator's argume
 plain eager mode that round trip buys nothing, so :func:`msda_forward_eager` runs the call the
 functional API bound (:meth:`~nkilib_msda.pytorch.call.MsdaCall.forward`) directly, through
 :class:`ops.MSDAFunction` when a gradient is needed: the very context and backward
-(:func:`ops.save_msda_context`, :func:`ops.msda_input_gradients`) the operator's registered
+(:func:`ops.save_msda_context`, :func:`ops.input_gradients`) the operators' registered
 autograd uses.
 
 The registered operators stay the only path whenever something could observe the difference

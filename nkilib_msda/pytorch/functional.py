@@ -1,25 +1,23 @@
 """``nkilib_msda.multi_scale_deformable_attention``: the differentiable functional API.
 
-Per call, one binding (validation memoized on the call's static facts, then one backend
-selection; a forward-only call is checked against forward limits only):
+Each call takes one route, the first row of :data:`ROUTES` whose condition holds:
 
-- plain eager mode on CPU/CUDA: the functional API binds (:func:`.call.bind_msda_call`) and
-  runs the call directly (:mod:`.eager`), which saves ~100 µs of host time per call;
-- anything else (tracing, modes, subclasses, meta tensors, TorchNeuron's ``neuron`` device,
-  whose PrivateUse1 kernel launches the NKI kernels): the functional API only checks the
-  arguments (:func:`.call.msda_operator_args`) and the registered operator binds when it runs,
-  so ``backend=None`` stays "auto" in a traced or exported graph;
-- inside ``torch.func`` transforms: the same operators through :mod:`.func_transforms`;
-- spatial shapes in a tensor while tracing (Deformable-DETR's call style under torch.compile /
-  torch.export): the operator that takes them as a tensor and reads them when it runs
-  (:mod:`.tensor_shapes_ops`), so the graph neither breaks nor bakes the values in.
+| route | when | what runs |
+| --- | --- | --- |
+| ``eager`` | plain eager mode, CPU/CUDA tensors | the call bound here (:func:`.call.bind_msda_call`), directly (:mod:`.eager`): ~100 µs of host time less than the dispatcher |
+| ``torch.func`` | inside a ``torch.func`` transform | the int-list operators in ``setup_context`` Functions (:mod:`.func_transforms`) |
+| ``op with tensor shapes`` | a shapes tensor whose values cannot be read now (tracing, fake tensors) or live on a device | ``ms_deformable_attention_tensor_shapes`` (:mod:`.tensor_shapes_ops`): the graph neither breaks nor bakes the values in, and a CUDA shapes tensor is never read on the host |
+| ``op`` | anything else (modes, subclasses, meta tensors, TorchNeuron's ``neuron`` device) | ``ms_deformable_attention`` with the checked arguments (:func:`.call.msda_operator_args`) |
 
-Every path shares one backward (:mod:`.ops`).
+On the eager route a CUDA shapes tensor also stays on the device when the backend reads level
+tables there (:mod:`.tensor_shapes_ops`). The operators bind their own arguments when they
+run, so ``backend=None`` stays "auto" in a traced or exported graph. Every route shares one
+backward (:mod:`.ops`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -31,9 +29,9 @@ from nkilib_msda.pytorch.call import bind_msda_call, msda_operator_args, needs_i
 from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
 from nkilib_msda.pytorch.func_transforms import msda_under_transform
 from nkilib_msda.pytorch.point_counts import level_count, pad_point_counts
-from nkilib_msda.pytorch.tensor_shapes_ops import tensor_shapes_operator_args
+from nkilib_msda.pytorch.tensor_shapes_ops import shapes_on_device, tensor_shapes_operator_args
 
-__all__ = ["multi_scale_deformable_attention"]
+__all__ = ["multi_scale_deformable_attention", "ROUTES", "route_of"]
 
 # Import the backend modules now (they import their heavy dependencies lazily), so that a first
 # call under torch.compile(fullgraph=True) does not have to import them while tracing.
@@ -90,28 +88,17 @@ def multi_scale_deformable_attention(
         sampling_locations, attention_weights = pad_point_counts(
             sampling_locations, attention_weights, num_points, level_count(spatial_shapes),
             sampling_locations_layout)
-    if _plain_eager(value, sampling_locations, attention_weights):
-        call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, value_layout, sampling_locations_layout,
-                              align_corners, padding_mode, backend, deterministic,
-                              needs_backward=needs_input_grad(value, sampling_locations,
-                                                              attention_weights))
-        return msda_forward_eager(call, value, sampling_locations, attention_weights)
-    if isinstance(spatial_shapes, Tensor) and values_unreadable(spatial_shapes):
-        return torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
-            *tensor_shapes_operator_args(value, spatial_shapes, level_start_index,
-                                         sampling_locations, attention_weights, value_layout,
-                                         sampling_locations_layout, align_corners, padding_mode,
-                                         backend, deterministic))
-    args = msda_operator_args(value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, value_layout, sampling_locations_layout,
-                              align_corners, padding_mode, backend, deterministic)
-    if in_functorch_transform():
-        return msda_under_transform(*args)
-    return torch.ops.nkilib_msda.ms_deformable_attention(*args)
+    args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+            value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
+            deterministic)
+    for route in ROUTES:
+        if route.applies(*args):
+            return route.run(*args)
+    raise AssertionError("the last route applies to every call")  # pragma: no cover
 
 
-def _plain_eager(value: Tensor, sampling_locations: Tensor, attention_weights: Tensor) -> bool:
+def _plain_eager(value: Any, spatial_shapes: Any, level_start_index: Any,
+                 sampling_locations: Any, attention_weights: Any, *options: Any) -> bool:
     """CPU/CUDA tensors in plain eager mode (or arguments that are not tensors, which the
     binding rejects). Other devices (TorchNeuron's PrivateUse1, meta) always go through the
     dispatcher."""
@@ -119,3 +106,63 @@ def _plain_eager(value: Tensor, sampling_locations: Tensor, attention_weights: T
         return True
     return value.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(
         value, sampling_locations, attention_weights)
+
+
+def _run_eager(value: Tensor, spatial_shapes: Any, level_start_index: Any,
+               sampling_locations: Tensor, attention_weights: Tensor, *options: Any) -> Tensor:
+    call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
+                          attention_weights, *options,
+                          needs_backward=needs_input_grad(value, sampling_locations,
+                                                          attention_weights))
+    return msda_forward_eager(call, value, sampling_locations, attention_weights)
+
+
+def _in_transform(*args: Any) -> bool:
+    return in_functorch_transform()
+
+
+def _run_under_transform(*args: Any) -> Tensor:
+    return msda_under_transform(*msda_operator_args(*args))
+
+
+def _shapes_stay_tensors(value: Any, spatial_shapes: Any, *rest: Any) -> bool:
+    return isinstance(spatial_shapes, Tensor) and (values_unreadable(spatial_shapes)
+                                                   or shapes_on_device(spatial_shapes))
+
+
+def _run_tensor_shapes_op(*args: Any) -> Tensor:
+    return torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
+        *tensor_shapes_operator_args(*args))
+
+
+def _always(*args: Any) -> bool:
+    return True
+
+
+def _run_op(*args: Any) -> Tensor:
+    return torch.ops.nkilib_msda.ms_deformable_attention(*msda_operator_args(*args))
+
+
+class Route(NamedTuple):
+    """One way through the torch layer: its name, when it applies (to the functional API's
+    eleven arguments) and what runs it."""
+
+    name: str
+    applies: Callable[..., bool]
+    run: Callable[..., Tensor]
+
+
+# The route table: the first row whose condition holds runs the call (module docstring).
+ROUTES: tuple[Route, ...] = (
+    Route("eager", _plain_eager, _run_eager),
+    Route("torch.func", _in_transform, _run_under_transform),
+    Route("op with tensor shapes", _shapes_stay_tensors, _run_tensor_shapes_op),
+    Route("op", _always, _run_op),
+)
+
+
+def route_of(value: Any, spatial_shapes: Any, sampling_locations: Any,
+             attention_weights: Any) -> str:
+    """The name of the route a call with these arguments takes now (tests, diagnostics)."""
+    args = (value, spatial_shapes, None, sampling_locations, attention_weights)
+    return next(route.name for route in ROUTES if route.applies(*args))

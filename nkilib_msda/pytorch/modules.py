@@ -16,20 +16,23 @@ from nkilib_msda.pytorch.eager import can_skip_dispatcher
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
 from nkilib_msda.pytorch.point_counts import check_num_points
 from nkilib_msda.pytorch.problem_cache import spatial_shapes_tuple
+from nkilib_msda.pytorch.tensor_shapes_ops import shapes_on_device
 from nkilib_msda.validation.arguments import check_positive_int
 
 __all__ = ["MSDeformAttnFunction", "MSDeformAttn", "MultiScaleDeformableAttention"]
 
 
 # The spatial shapes as the module uses them: (H, W) pairs of Python ints, or the (N_l, 2) int
-# tensor itself while tracing (its values are read by the operator when the graph runs).
+# tensor itself while tracing (its values are read by the operator when the graph runs) or when
+# it lives on a device (never read on the host: see pytorch/tensor_shapes_ops.py).
 Shapes = tuple[tuple[int, int], ...] | Tensor
 
 
 def _module_shapes(spatial_shapes: Any) -> Shapes:
-    """(H, W) pairs as Python ints (one host sync for a tensor, done at the model edge), or the
-    tensor itself while it cannot be read (tracing)."""
-    if isinstance(spatial_shapes, Tensor) and values_unreadable(spatial_shapes):
+    """(H, W) pairs as Python ints (a CPU tensor is read once, at the model edge), or the
+    tensor itself while it cannot be read (tracing) or when it is on a device (CUDA)."""
+    if isinstance(spatial_shapes, Tensor) and (values_unreadable(spatial_shapes)
+                                               or shapes_on_device(spatial_shapes)):
         return spatial_shapes
     return spatial_shapes_tuple(spatial_shapes, "input_spatial_shapes")
 
@@ -239,7 +242,7 @@ class MSDeformAttn(nn.Module):
         if input_flatten.dim() != 3 or input_flatten.shape[0] != batch or input_flatten.shape[-1] != self.d_model:
             raise ValueError(f"input_flatten: expected (N={batch}, Len_in, d_model={self.d_model}), "
                              f"got shape {tuple(input_flatten.shape)}")
-        if isinstance(shapes, Tensor):  # traced: Len_in is checked when the operator runs
+        if isinstance(shapes, Tensor):  # traced or on a device: Len_in is not read here
             if shapes.dim() != 2 or tuple(shapes.shape) != (self.n_levels, 2):
                 raise ValueError(f"input_spatial_shapes: expected an int tensor (n_levels, 2) = "
                                  f"({self.n_levels}, 2), got shape {tuple(shapes.shape)}")

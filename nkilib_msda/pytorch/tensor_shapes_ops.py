@@ -1,45 +1,48 @@
-"""``torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes`` (and ``..._bwd``): MSDA with
-the spatial shapes (and level starts) as tensors, for tracing.
+"""Spatial shapes held in a tensor (Deformable-DETR's call style): the checks of what is static,
+level tables on the device, and the problem of a call whose shapes are not known on the host.
 
-Deformable-DETR passes ``input_spatial_shapes`` as an int tensor (N_l, 2). While
-``torch.compile`` / ``torch.export`` traces, its values are unknown (reading them would break
-the graph or make unbacked symbols), but MSDA's output shape does not depend on them: the fake
-kernels here use tensor dims only, and the real kernels read the values (one host copy each)
-when they run, then validate and compute exactly like the int-list operators (:mod:`.ops`),
-with the same one-line errors (e.g. sum(H*W) != value's L) raised at run time. The shapes
-tensor stays an input of the traced graph, so a compiled or exported program follows whatever
-shapes it is given.
+Two cases (the operators of both families are registered once, in :mod:`.ops`):
 
-The functional API routes here only for a tensor ``spatial_shapes`` while tracing (dynamo,
-export, fake tensors): eager calls read the tensor once and take the int-list path. The
-autograd backward always runs the backward operator, which re-reads the shapes.
+- **values unreadable** (torch.compile / torch.export tracing, fake tensors): the output shape
+  does not depend on the values, so the functional API calls the operator family that takes
+  the shapes as tensors (``ms_deformable_attention_tensor_shapes``); the shapes tensor stays an
+  input of the traced graph and the operator handles it when it runs (next case, or a host read
+  for a CPU tensor).
+- **values on the device** (a CUDA shapes tensor, whatever the mode): when the selected backend
+  reads level tables from device memory (``Capabilities.level_tables``: the Triton kernels take
+  ``shapes_ptr`` / ``starts_ptr``), the call is bound without reading the values: the tables
+  are the shapes as int32 (N_l, 2) and the starts as int32 (N_l,) — level_start_index's own
+  values when it is a tensor on the same device, else derived on the device — computed by
+  device operations only, so no call copies to the host or synchronizes, and CUDA-graph capture
+  (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) works. The planning facts
+  come from tensor shapes: N_l is ``spatial_shapes.shape[0]``, L is value's length.
+  **The values are not checked on this route** (positive sizes, sum(H*W) = L, the starts), as
+  Deformable-DETR's CUDA op does not check them: pass Python ints (or a CPU tensor) to have them
+  checked. A backend that needs the values on the host (the reference backend, e.g. for float64
+  or padding_mode="reflection") reads them (one host copy), which fails during CUDA-graph capture
+  with an error saying so.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from nkilib_msda._env import check_optional_bool
 from nkilib_msda.pytorch import dispatch
-from nkilib_msda.pytorch._registration import register_operator
-from nkilib_msda.pytorch.ops import (backward_schema, forward_schema, msda_backward_fake,
-                                     msda_op_backward, msda_op_forward, no_double_backward,
-                                     output_dims)
-from nkilib_msda.validation.layouts import level_starts
-from nkilib_msda.validation.msda import check_shape_tensors
+from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["ms_deformable_attention_tensor_shapes", "ms_deformable_attention_tensor_shapes_bwd",
-           "tensor_shapes_operator_args", "TENSOR_SHAPES_FORWARD_NAME"]
-
-TENSOR_SHAPES_FORWARD_NAME = "nkilib_msda::ms_deformable_attention_tensor_shapes"
-_TENSOR_SHAPES = "Tensor spatial_shapes, Tensor? level_start_index"
+__all__ = ["check_shapes_tensor", "shapes_on_device", "LevelTables", "level_tables",
+           "TensorShapesProblem", "tensor_shapes_problem", "validation_shapes",
+           "tensor_shapes_operator_args", "refuse_host_read_in_capture"]
 
 
-def _check_shapes_tensor(spatial_shapes: Tensor) -> None:
-    """Trace-time checks of what is static: an integer tensor (N_l, 2)."""
+def check_shapes_tensor(spatial_shapes: Tensor) -> None:
+    """The static checks of a shapes tensor: an integer tensor (N_l, 2)."""
     if spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2:
         raise ValueError(f"spatial_shapes: expected an int tensor (N_l, 2) of (H, W) per level, "
                          f"got shape {tuple(spatial_shapes.shape)}")
@@ -48,92 +51,114 @@ def _check_shapes_tensor(spatial_shapes: Tensor) -> None:
         raise ValueError(f"spatial_shapes: expected an integer dtype, got {spatial_shapes.dtype}")
 
 
-def _flat_shapes(spatial_shapes: Tensor) -> list[int]:
-    """The values as the int-list operators take them, ``[H0, W0, H1, W1, ...]``."""
-    _check_shapes_tensor(spatial_shapes)
-    return [int(d) for d in spatial_shapes.reshape(-1).tolist()]
+def shapes_on_device(spatial_shapes: Any) -> bool:
+    """Whether ``spatial_shapes`` is a tensor whose values live in accelerator memory (reading
+    them on the host is a copy and a stream synchronisation)."""
+    return isinstance(spatial_shapes, Tensor) and spatial_shapes.device.type not in ("cpu", "meta")
 
 
-def _starts(level_start_index: Tensor | None, flat_shapes: list[int]) -> list[int]:
-    """The level starts' values, derived from the shapes when None."""
-    if level_start_index is None:
-        return list(level_starts(zip(flat_shapes[::2], flat_shapes[1::2])))
-    return [int(s) for s in level_start_index.reshape(-1).tolist()]
+class LevelTables(NamedTuple):
+    """The kernels' level tables on the device: shapes int32 (N_l, 2) as (H, W) rows and starts
+    int32 (N_l,), both contiguous."""
+
+    shapes: Tensor
+    starts: Tensor
 
 
-# ---------------------------------------------------------------------------- backward
+def level_tables(spatial_shapes: Tensor, level_start_index: Any) -> LevelTables:
+    """The level tables from a shapes tensor, by device operations only (capturable in a CUDA
+    graph, no host synchronisation). The starts are level_start_index's values when it is a
+    tensor on the shapes' device, else the exclusive cumulative sum of H*W computed there."""
+    check_shapes_tensor(spatial_shapes)
+    shapes = spatial_shapes.to(torch.int32).contiguous()
+    if isinstance(level_start_index, Tensor) and level_start_index.device == shapes.device:
+        starts = level_start_index.reshape(-1).to(torch.int32).contiguous()
+    else:
+        areas = shapes[:, 0] * shapes[:, 1]
+        starts = areas.cumsum(0, dtype=torch.int32) - areas
+    return LevelTables(shapes, starts)
 
 
-def _backward_impl(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
-                   level_start_index: Tensor | None, *tensors_and_options: Any
-                   ) -> tuple[Tensor, Tensor, Tensor]:
-    """MSDA backward with tensor spatial shapes: as ``ms_deformable_attention_bwd``."""
-    check_shape_tensors(spatial_shapes, level_start_index, value)
-    flat = _flat_shapes(spatial_shapes)
-    return msda_op_backward(grad_output, value, flat, _starts(level_start_index, flat),
-                            *tensors_and_options)
+@dataclass(frozen=True)
+class TensorShapesProblem(MSDAProblem):
+    """An MSDA problem whose spatial shapes and level starts are in device tensors: their values
+    are unknown on the host, so ``spatial_shapes`` and ``level_start_index`` are empty tuples;
+    ``num_levels`` is the shapes tensor's N_l and ``total_pixels`` value's length L. Only a
+    backend declaring ``Capabilities.level_tables`` runs it (with the tables)."""
+
+    pixels: int = 0
+
+    @property
+    def total_pixels(self) -> int:
+        """L, from value's shape."""
+        return self.pixels
 
 
-def _backward_fake(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
-                   level_start_index: Tensor | None, *rest: Any) -> tuple[Tensor, Tensor, Tensor]:
-    check_shape_tensors(spatial_shapes, level_start_index, value)
-    return msda_backward_fake(grad_output, value, spatial_shapes, level_start_index, *rest)
+def _stand_in_shapes(num_levels: int, pixels: int) -> tuple[tuple[int, int], ...]:
+    """N_l positive (H, W) pairs summing to L (L >= N_l): what validation needs to check every
+    static fact of a call (tensor ranks, sizes, dtypes, layouts) without the real values."""
+    if num_levels < 1:
+        return ()
+    return ((1, pixels - num_levels + 1),) + ((1, 1),) * (num_levels - 1)
 
 
-ms_deformable_attention_tensor_shapes_bwd = register_operator(
-    "ms_deformable_attention_tensor_shapes_bwd", _backward_impl, _backward_fake,
-    schema=backward_schema(_TENSOR_SHAPES), backward=no_double_backward,
-    setup_context=lambda ctx, inputs, output: None)
+def validation_shapes(problem: MSDAProblem) -> tuple[tuple[int, int], ...]:
+    """The spatial shapes to validate ``problem``'s tensors against (stand-ins for a
+    :class:`TensorShapesProblem`)."""
+    if isinstance(problem, TensorShapesProblem):
+        return _stand_in_shapes(problem.num_levels, problem.pixels)
+    return problem.spatial_shapes
 
 
-# ----------------------------------------------------------------------------- forward
+def _pixels(value: Any, value_layout: Any) -> int | None:
+    """value's length L when value is a 4-d tensor in a known layout (else None: validation
+    reports what is wrong)."""
+    if not isinstance(value, Tensor) or value.dim() != 4 or value_layout not in ("BLNC", "BNLC"):
+        return None
+    size = value.shape[1] if value_layout == "BLNC" else value.shape[2]
+    return size if type(size) is int else None
 
 
-def _forward_impl(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor | None,
-                  *tensors_and_options: Any) -> Tensor:
-    """MSDA forward with tensor spatial shapes (N_l, 2) and level starts (N_l,) or None:
-    (B, N_q, N_h*C_h) in value's dtype, as ``ms_deformable_attention``."""
-    check_shape_tensors(spatial_shapes, level_start_index, value)
-    flat = _flat_shapes(spatial_shapes)
-    _, output = msda_op_forward(value, flat, _starts(level_start_index, flat),
-                                *tensors_and_options)
-    return output
+# validated stand-in problem -> its TensorShapesProblem, by identity (validation memoizes).
+_AS_TENSOR_SHAPES: dict[int, tuple[MSDAProblem, TensorShapesProblem]] = {}
 
 
-def _forward_fake(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor | None,
-                  sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
-                  sampling_locations_layout: str, *options: Any) -> Tensor:
-    _check_shapes_tensor(spatial_shapes)
-    check_shape_tensors(spatial_shapes, level_start_index, value)
-    return value.new_empty(output_dims(value, sampling_locations, value_layout,
-                                       sampling_locations_layout))
+def tensor_shapes_problem(value: Any, spatial_shapes: Tensor, sampling_locations: Any,
+                          attention_weights: Any, value_layout: Any,
+                          sampling_locations_layout: Any, align_corners: Any, padding_mode: Any,
+                          grad_output: Any = None) -> TensorShapesProblem:
+    """The problem of a call whose shapes stay in ``spatial_shapes`` (N_l, 2): every static
+    fact validated (memoized, with the one-line errors of the int-list route), the values not."""
+    check_shapes_tensor(spatial_shapes)
+    num_levels = int(spatial_shapes.shape[0])
+    pixels = _pixels(value, value_layout)
+    if pixels is not None and pixels < num_levels:
+        raise ValueError(f"value: expected L >= N_l = {num_levels} (at least one pixel per level "
+                         f"of spatial_shapes), got L = {pixels}")
+    stand_in = _stand_in_shapes(num_levels, 1 if pixels is None else pixels)
+    problem = validated_problem(value, stand_in, None, sampling_locations, attention_weights,
+                                value_layout, sampling_locations_layout, align_corners,
+                                padding_mode, grad_output=grad_output)
+    known = _AS_TENSOR_SHAPES.get(id(problem))
+    if known is not None and known[0] is problem:
+        return known[1]
+    values = {f.name: getattr(problem, f.name) for f in fields(MSDAProblem)}
+    values.update(spatial_shapes=(), level_start_index=())
+    result = TensorShapesProblem(**values, pixels=problem.total_pixels)
+    if len(_AS_TENSOR_SHAPES) >= 256:
+        _AS_TENSOR_SHAPES.clear()
+    _AS_TENSOR_SHAPES[id(problem)] = (problem, result)
+    return result
 
 
-def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-     *options) = inputs
-    ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
-                          attention_weights)
-    ctx.msda_options = options
-
-
-def _backward(ctx: Any, grad_output: Tensor) -> tuple:
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights = \
-        ctx.saved_tensors
-    (value_layout, sampling_locations_layout, align_corners, padding_mode, backend, deterministic,
-     num_points) = ctx.msda_options
-    needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4])
-    grads = torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes_bwd(
-        grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-        attention_weights, value_layout, sampling_locations_layout, align_corners, padding_mode,
-        backend, [bool(n) for n in needs], deterministic, num_points)
-    grad_value, grad_loc, grad_attn = (g if n else None for g, n in zip(grads, needs))
-    return (grad_value, None, None, grad_loc, grad_attn, None, None, None, None, None, None, None)
-
-
-ms_deformable_attention_tensor_shapes = register_operator(
-    "ms_deformable_attention_tensor_shapes", _forward_impl, _forward_fake,
-    schema=forward_schema(_TENSOR_SHAPES), backward=_backward, setup_context=_setup_context)
+def refuse_host_read_in_capture(backend: str) -> None:
+    """Raise a one-line error instead of torch's when the shapes would be read on the host while
+    a CUDA graph is captured (the backend running the call needs their values)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            f"spatial_shapes: a CUDA tensor cannot be read on the host during CUDA graph capture, "
+            f"and backend {backend!r}, which runs this call, needs its values; use a backend that "
+            f"reads them on the device (triton) or pass the (H, W) pairs as Python ints")
 
 
 def tensor_shapes_operator_args(value: Any, spatial_shapes: Tensor, level_start_index: Any,
@@ -141,19 +166,21 @@ def tensor_shapes_operator_args(value: Any, spatial_shapes: Tensor, level_start_
                                 value_layout: str, sampling_locations_layout: str,
                                 align_corners: bool, padding_mode: str, backend: Any,
                                 deterministic: Any) -> tuple:
-    """The tensor-shapes forward operator's positional arguments for a traced user call.
+    """The tensor-shapes forward operator's positional arguments for a user call.
 
     Only what is static is checked here (argument types, the shapes tensor's dims, the
-    backend's name); the values are validated by the operator when it runs. Level starts given
-    as ints become a constant tensor."""
+    backend's name); the values are handled by the operator when it runs. Level starts given
+    as ints become a constant tensor for a CPU shapes tensor (checked when the operator runs)
+    and are dropped for a shapes tensor on a device (derived there, see the module docstring)."""
     for name, x in (("value", value), ("sampling_locations", sampling_locations),
                     ("attention_weights", attention_weights)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    _check_shapes_tensor(spatial_shapes)
+    check_shapes_tensor(spatial_shapes)
     if level_start_index is not None and not isinstance(level_start_index, Tensor):
-        level_start_index = torch.tensor([int(s) for s in level_start_index], dtype=torch.int64,
-                                         device=spatial_shapes.device)
+        starts = [int(s) for s in level_start_index]
+        level_start_index = (None if shapes_on_device(spatial_shapes)
+                             else torch.tensor(starts, dtype=torch.int64))
     return (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             value_layout, sampling_locations_layout, align_corners, padding_mode,
             dispatch.backend_argument(backend), check_optional_bool("deterministic", deterministic))

@@ -43,7 +43,8 @@ CAPABILITIES = Capabilities(
     # CPU tensors only under the Triton interpreter (tests): see _device_reason.
     device_types=("cuda", "cpu"), default_for=("cuda",), dtypes=KERNEL_DTYPES,
     padding_modes=KERNEL_PADDING_MODES,
-    always_deterministic=False)  # atomics by default; deterministic=True sorts and reduces
+    always_deterministic=False,  # atomics by default; deterministic=True sorts and reduces
+    level_tables=True)  # the kernels read shapes and starts through shapes_ptr / starts_ptr
 
 
 @functools.lru_cache(maxsize=1)
@@ -307,8 +308,10 @@ def _resolve_deterministic(deterministic: bool | None) -> bool:
 
 
 def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weights,
-                 plan: LaunchPlan | None = None):
+                 plan: LaunchPlan | None = None, level_tables=None):
     """Output (B, N_q, N_h*C_h) in value's dtype. Inputs in the layouts named by ``problem``.
+    ``level_tables``: (shapes int32 (N_l, 2), starts int32 (N_l,)) on value's device, read by
+    the kernel instead of the cached tables built from ``problem`` (``Capabilities.level_tables``).
 
     Host work per call: one dict lookup for the cached context, the output allocation and one
     kernel launch (no device synchronisation, no host -> device copy)."""
@@ -319,7 +322,7 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
     sampling_locations = sampling_locations.contiguous()
     attention_weights = attention_weights.contiguous()
     out = torch.empty(problem.output_shape, dtype=value.dtype, device=value.device)
-    shapes, starts = ctx.tables()
+    shapes, starts = ctx.tables() if level_tables is None else level_tables
     default = ctx.plan
     assert default is not None  # set whenever ctx.reason is None
     if plan is None or plan == default:
@@ -335,8 +338,10 @@ def msda_forward(value, problem: MSDAProblem, sampling_locations, attention_weig
 
 def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, attention_weights,
                   compute: tuple[bool, bool, bool] = (True, True, True),
-                  deterministic: bool | None = None, plan: LaunchPlan | None = None):
-    """(grad_value, grad_sampling_locations, grad_attention_weights).
+                  deterministic: bool | None = None, plan: LaunchPlan | None = None,
+                  level_tables=None):
+    """(grad_value, grad_sampling_locations, grad_attention_weights); ``level_tables`` as in
+    :func:`msda_forward`.
 
     grad_value in value's layout and dtype; grad_sampling_locations in the locations' layout
     and dtype; grad_attention_weights (B, N_q, N_h, N_l, N_p) in the weights' dtype; zeros
@@ -388,7 +393,7 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
         build = lambda: _backward_launch(problem, plan, flags, deterministic)  # noqa: E731
         launch = (ctx.launcher(("bwd", flags, deterministic), build) if default_plan
                   else _Launcher(*build()))
-        shapes, starts = ctx.tables()
+        shapes, starts = ctx.tables() if level_tables is None else level_tables
         tensors: tuple = (grad_output, value, sampling_locations, attention_weights, shapes,
                           starts, accumulator, grad_loc, grad_attn)
         if not uses_samples_backward(plan, deterministic):
