@@ -46,7 +46,6 @@ from nkilib_msda.pytorch.call import MsdaCall, bind_msda_call, spatial_shapes_fr
 from nkilib_msda.pytorch.dispatch import AUTO
 from nkilib_msda.pytorch.point_counts import pack_point_gradients, pad_point_counts
 from nkilib_msda.pytorch.tensor_shapes_ops import check_shapes_tensor
-from nkilib_msda.validation.msda import check_shape_tensors
 
 __all__ = ["MsdaFamily", "INT_LIST", "TENSOR_SHAPES", "FAMILIES", "family_of", "MSDAFunction",
            "save_msda_context", "input_gradients", "FORWARD_NAME", "BACKWARD_NAME",
@@ -105,8 +104,7 @@ class MsdaFamily:
         """What the kernels and fake kernels check before any value is read: the shapes tensor's
         rank, the integer dtypes, tensors with values (not meta, unless value is meta too)."""
         if self.tensor_shapes:
-            check_shapes_tensor(spatial_shapes)
-            check_shape_tensors(spatial_shapes, level_start_index, value)
+            check_shapes_tensor(spatial_shapes, level_start_index, value)
 
     def bind(self, value: Tensor, spatial_shapes: Any, level_start_index: Any,
              sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
@@ -114,7 +112,7 @@ class MsdaFamily:
              backend: str, deterministic: bool | None, *, needs_backward: bool) -> MsdaCall:
         """The operator's arguments bound into a call (int-list level starts None: derived)."""
         if self.tensor_shapes:
-            check_shape_tensors(spatial_shapes, level_start_index, value)
+            check_shapes_tensor(spatial_shapes, level_start_index, value)
         else:
             spatial_shapes = spatial_shapes_from_flat(spatial_shapes)
             level_start_index = None if level_start_index is None else list(level_start_index)

@@ -34,21 +34,21 @@ from torch import Tensor
 from nkilib_msda._env import check_optional_bool
 from nkilib_msda.pytorch import dispatch
 from nkilib_msda.pytorch.problem_cache import validated_problem
-from nkilib_msda.validation.msda import MSDAProblem
+from nkilib_msda.validation.msda import MSDAProblem, check_shape_tensors
 
 __all__ = ["check_shapes_tensor", "shapes_on_device", "LevelTables", "level_tables",
            "TensorShapesProblem", "tensor_shapes_problem", "validation_shapes",
            "tensor_shapes_operator_args", "refuse_host_read_in_capture"]
 
 
-def check_shapes_tensor(spatial_shapes: Tensor) -> None:
-    """The static checks of a shapes tensor: an integer tensor (N_l, 2)."""
+def check_shapes_tensor(spatial_shapes: Tensor, level_start_index: Any = None,
+                        value: Any = None) -> None:
+    """The static checks of a shapes tensor (and level starts): integer dtypes and values to
+    read (:func:`~nkilib_msda.validation.msda.check_shape_tensors`), then the rank (N_l, 2)."""
+    check_shape_tensors(spatial_shapes, level_start_index, value)
     if spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2:
         raise ValueError(f"spatial_shapes: expected an int tensor (N_l, 2) of (H, W) per level, "
                          f"got shape {tuple(spatial_shapes.shape)}")
-    if spatial_shapes.dtype.is_floating_point or spatial_shapes.dtype.is_complex \
-            or spatial_shapes.dtype == torch.bool:
-        raise ValueError(f"spatial_shapes: expected an integer dtype, got {spatial_shapes.dtype}")
 
 
 def shapes_on_device(spatial_shapes: Any) -> bool:

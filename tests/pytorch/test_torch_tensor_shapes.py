@@ -311,3 +311,198 @@ def test_int_list_operators_take_level_start_index_none():
                              op.ms_deformable_attention_bwd(grad, value, flat, list(STARTS), loc, attn,
                                                             *args)):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+# ------------------------------------------------- shapes on the device: the level-tables route
+
+
+@pytest.fixture
+def tables_backend(monkeypatch):
+    """The CPU standing in for a device: CPU shapes tensors count as "on the device" and the
+    reference backend declares ``level_tables``; its stub entry points record what they got and
+    play the device (they read the tables to rebuild the problem). The torch layer's host route
+    (``call._checked_problem``) refuses a shapes tensor: it must not be read there."""
+    from dataclasses import fields, replace
+
+    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.pytorch import call as call_module
+    from nkilib_msda.validation.msda import MSDAProblem
+
+    seen = []
+    real_forward, real_backward = reference_torch.msda_forward, reference_torch.msda_backward
+
+    def read(problem, tables):
+        if tables is None:
+            return problem
+        seen.append((problem, tables))
+        values = {f.name: getattr(problem, f.name) for f in fields(MSDAProblem)}
+        values.update(spatial_shapes=tuple(map(tuple, tables.shapes.tolist())),
+                      level_start_index=tuple(tables.starts.tolist()))
+        return MSDAProblem(**values)
+
+    def forward(value, problem, loc, attn, level_tables=None):
+        return real_forward(value, read(problem, level_tables), loc, attn)
+
+    def backward(grad, value, problem, loc, attn, compute, deterministic=None, level_tables=None):
+        return real_backward(grad, value, read(problem, level_tables), loc, attn, compute,
+                             deterministic)
+
+    real_checked = call_module._checked_problem
+
+    def no_host_read(value, spatial_shapes, *args):
+        assert not isinstance(spatial_shapes, torch.Tensor), "the shapes were read on the host"
+        return real_checked(value, spatial_shapes, *args)
+
+    monkeypatch.setattr(reference_torch, "CAPABILITIES",
+                        replace(reference_torch.CAPABILITIES, level_tables=True))
+    monkeypatch.setattr(reference_torch, "msda_forward", forward)
+    monkeypatch.setattr(reference_torch, "msda_backward", backward)
+    monkeypatch.setattr(call_module, "shapes_on_device", lambda x: isinstance(x, torch.Tensor))
+    monkeypatch.setattr(call_module, "_checked_problem", no_host_read)
+    return seen
+
+
+@pytest.mark.parametrize("starts", [None, torch.tensor(STARTS)], ids=["derived", "given"])
+def test_shapes_on_the_device_reach_the_backend_as_level_tables(tables_backend, starts):
+    from nkilib_msda.pytorch.tensor_shapes_ops import TensorShapesProblem
+
+    tensors = _msda_inputs(2, 5, seed=16)
+    want = _out_and_grads(lambda v, l, a: nkilib_msda.multi_scale_deformable_attention(
+        v, SHAPES, None, l, a, backend="reference"), tensors)
+    got = _out_and_grads(lambda v, l, a: nkilib_msda.multi_scale_deformable_attention(
+        v, torch.tensor(SHAPES), starts, l, a), tensors)
+    _assert_same(got, want)
+    assert len(tables_backend) == 2  # the forward and the backward got level tables
+    for problem, tables in tables_backend:
+        assert isinstance(problem, TensorShapesProblem) and problem.spatial_shapes == ()
+        assert (problem.num_levels, problem.total_pixels) == (2, LENGTH)
+        assert tables.shapes.dtype == tables.starts.dtype == torch.int32
+        assert tables.shapes.tolist() == [list(p) for p in SHAPES]
+        assert tables.starts.tolist() == list(STARTS)
+
+
+def test_shapes_on_the_device_through_the_tensor_shapes_operator(tables_backend):
+    """The dispatcher route (here a direct operator call) binds the same way: forward, and the
+    backward through setup_context's call."""
+    tensors = _msda_inputs(2, 4, seed=17)
+    want = _out_and_grads(lambda v, l, a: nkilib_msda.multi_scale_deformable_attention(
+        v, SHAPES, None, l, a, backend="reference"), tensors)
+    got = _out_and_grads(lambda v, l, a: torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
+        v, torch.tensor(SHAPES), None, l, a), tensors)
+    _assert_same(got, want)
+    assert len(tables_backend) == 2
+
+
+def test_shapes_on_the_device_still_check_every_static_fact(tables_backend):
+    value, loc, attn = _msda_inputs(2, 5, seed=18)
+    with pytest.raises(ValueError, match=r"^sampling_locations: .*N_l") as info:
+        nkilib_msda.multi_scale_deformable_attention(value, torch.tensor(SHAPES + ((1, 1),)),
+                                                     None, loc, attn)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=r"^value: expected L >= N_l = 2"):
+        nkilib_msda.multi_scale_deformable_attention(value[:, :1], torch.tensor(SHAPES), None,
+                                                     loc, attn)
+    with pytest.raises(ValueError, match=r"^spatial_shapes: expected an int tensor \(N_l, 2\)"):
+        nkilib_msda.multi_scale_deformable_attention(value, torch.tensor([4, 6, 3, 2]), None,
+                                                     loc, attn)
+
+
+def test_the_route_table_names_one_route_per_call():
+    from nkilib_msda.pytorch.functional import ROUTES, route_of
+
+    assert [r.name for r in ROUTES] == ["eager", "torch.func", "op with tensor shapes", "op"]
+    value, loc, attn = _msda_inputs(1, 2, seed=19)
+    assert route_of(value, SHAPES, loc, attn) == "eager"
+    assert route_of(value, torch.tensor(SHAPES), loc, attn) == "eager"
+    assert route_of(value.to("meta"), SHAPES, loc.to("meta"), attn.to("meta")) == "op"
+    assert torch.func.grad(lambda v: route_of(v, SHAPES, loc, attn) == "torch.func" and
+                           v.sum())(value).shape == value.shape
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in (value, loc, attn, torch.tensor(SHAPES))]
+        assert route_of(fakes[0], fakes[3], fakes[1], fakes[2]) == "op with tensor shapes"
+
+
+# ------------------------------------------------- CUDA graphs (GPU only)
+
+
+def _cuda_detr_inputs(seed, batch=2, queries=9):
+    q, r, x = _module_inputs(batch, queries, seed)
+    return q.cuda(), r.cuda(), x.cuda()
+
+
+def _eager_step(module, q, r, x, params):
+    """Eager reference on the int-list route (Python int shapes: the validated path)."""
+    return _out_and_grads(lambda q, x: module(q, r, x, SHAPES, None), (q, x), params)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend)")
+def test_detr_tensor_shapes_under_a_manual_cuda_graph_capture():
+    """Deformable-DETR's call style (shapes and starts as CUDA int64 tensors) captured with
+    ``torch.cuda.graph``, forward and backward (input and parameter gradients), replayed twice
+    with new inputs copied into the captured ones: equal to eager each time."""
+    module = _attn().cuda()
+    params = tuple(module.parameters())
+    shapes = torch.tensor(SHAPES, device="cuda")
+    starts = torch.tensor(STARTS, device="cuda")
+    q, r, x = (t.clone() for t in _cuda_detr_inputs(20))
+    q.requires_grad_()
+    x.requires_grad_()
+    weights = torch.linspace(-1, 1, 2 * 9 * 16, device="cuda").reshape(2, 9, 16)
+
+    def step():
+        out = module(q, r, x, shapes, starts)
+        return out, torch.autograd.grad((out * weights).sum(), [q, x, *params])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (kernel compilation, caches) before capture
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, grads = step()
+    for seed in (21, 22):
+        new_q, new_r, new_x = _cuda_detr_inputs(seed)
+        with torch.no_grad():
+            q.copy_(new_q), r.copy_(new_r), x.copy_(new_x)
+            out.fill_(float("nan"))
+            for g in grads:
+                g.fill_(float("nan"))
+        graph.replay()
+        want_out, want_grads = _eager_step(module, new_q, new_r, new_x, params)
+        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+        for g, w in zip(grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend)")
+def test_detr_tensor_shapes_under_compile_reduce_overhead():
+    """The same module under ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees,
+    forward and backward graphs): recorded, then replayed twice with new inputs; no cudagraph
+    skip; equal to eager each time."""
+    from torch._dynamo.utils import counters
+
+    module = _attn().cuda()
+    params = tuple(module.parameters())
+    shapes = torch.tensor(SHAPES, device="cuda")
+    starts = torch.tensor(STARTS, device="cuda")
+
+    def call(q, r, x, shapes, starts):
+        return module(q, r, x, shapes, starts)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(call, mode="reduce-overhead", fullgraph=True)
+    for seed in (23, 24, 25, 26):  # warm-up run, recording run, two replays
+        q, r, x = _cuda_detr_inputs(seed)
+        got = _out_and_grads(lambda q, x: compiled(q, r, x, shapes, starts), (q, x), params)
+        got = (got[0].clone(), tuple(g.clone() for g in got[1]))
+        _assert_same_within(got, _eager_step(module, q, r, x, params), 1e-5)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def _assert_same_within(got, want, tol):
+    (out, grads), (want_out, want_grads) = got, want
+    torch.testing.assert_close(out, want_out, rtol=tol, atol=tol)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
