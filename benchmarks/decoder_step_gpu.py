@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 import nkilib_msda
-from bench_gpu import SHAPES, _load_cuda_op, add_cuda_op_dir, make_inputs
+from nkilib_msda.bench.gpu import _load_cuda_op, add_cuda_op_dir
+from nkilib_msda.bench.shapes import SHAPES, make_inputs
 from nkilib_msda.workloads import DDETR_LEVELS
 
 D_MODEL, HEADS, LEVELS, POINTS, FFN, LAYERS = 256, 8, 4, 4, 1024, 6

@@ -323,7 +323,7 @@ def tables_backend(monkeypatch):
     (``call._checked_problem``) refuses a shapes tensor: it must not be read there."""
     from dataclasses import fields, replace
 
-    from nkilib_msda.backends import reference_torch
+    from nkilib_msda.backends.reference import backend as reference_torch
     from nkilib_msda.pytorch import call as call_module
     from nkilib_msda.validation.msda import MSDAProblem
 
