@@ -66,9 +66,14 @@ class MsdaCall:
         """(B, N_q, N_h*C_h) in value's dtype; empty problems call no kernel."""
         if _is_empty(self.problem):
             return value.new_zeros(self.problem.output_shape)
+        backend = get_backend(self.backend)
         with autocast_disabled(value.device.type):
-            out = get_backend(self.backend).msda_forward(value, self.problem, sampling_locations,
-                                                         attention_weights, **self._tables_arg())
+            if self.tables is None:
+                out = backend.msda_forward(value, self.problem, sampling_locations,
+                                           attention_weights)
+            else:
+                out = backend.msda_forward(value, self.problem, sampling_locations,
+                                           attention_weights, level_tables=self.tables)
         return _as_like(out, value.dtype, None)
 
     def backward(self, grad_output: Tensor, value: Tensor, sampling_locations: Tensor,
@@ -79,10 +84,11 @@ class MsdaCall:
         been checked against the problem (:meth:`check_grad_output` or the binding)."""
         flags = (bool(compute[0]), bool(compute[1]), bool(compute[2]))
         if any(flags) and not _is_empty(self.problem):
+            extra = {} if self.tables is None else {"level_tables": self.tables}
             with autocast_disabled(value.device.type):
                 grads = get_backend(self.backend).msda_backward(
                     grad_output, value, self.problem, sampling_locations, attention_weights,
-                    flags, deterministic=self.deterministic, **self._tables_arg())
+                    flags, deterministic=self.deterministic, **extra)
         else:
             grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                      torch.zeros_like(attention_weights))
@@ -90,9 +96,6 @@ class MsdaCall:
         return (_as_like(grad_value, value.dtype, value.shape),
                 _as_like(grad_loc, sampling_locations.dtype, sampling_locations.shape),
                 _as_like(grad_attn, attention_weights.dtype, attention_weights.shape))
-
-    def _tables_arg(self) -> dict[str, Any]:
-        return {} if self.tables is None else {"level_tables": self.tables}
 
     # ------------------------------------------------------------------ checks
 

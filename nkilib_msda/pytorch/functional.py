@@ -91,9 +91,9 @@ def multi_scale_deformable_attention(
     args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
             deterministic)
-    for route in ROUTES:
-        if route.applies(*args):
-            return route.run(*args)
+    for applies, run in _STEPS:
+        if applies(*args):
+            return run(*args)
     raise AssertionError("the last route applies to every call")  # pragma: no cover
 
 
@@ -159,6 +159,7 @@ ROUTES: tuple[Route, ...] = (
     Route("op with tensor shapes", _shapes_stay_tensors, _run_tensor_shapes_op),
     Route("op", _always, _run_op),
 )
+_STEPS = tuple((route.applies, route.run) for route in ROUTES)  # the table, for the hot loop
 
 
 def route_of(value: Any, spatial_shapes: Any, sampling_locations: Any,

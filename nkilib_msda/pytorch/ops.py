@@ -35,7 +35,7 @@ gradients in the packed shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -49,7 +49,8 @@ from nkilib_msda.pytorch.tensor_shapes_ops import check_shapes_tensor
 
 __all__ = ["MsdaFamily", "INT_LIST", "TENSOR_SHAPES", "FAMILIES", "family_of", "MSDAFunction",
            "save_msda_context", "input_gradients", "FORWARD_NAME", "BACKWARD_NAME",
-           "TENSOR_SHAPES_FORWARD_NAME", "DOUBLE_BACKWARD_UNSUPPORTED", "output_dims"]
+           "TENSOR_SHAPES_FORWARD_NAME", "TENSOR_SHAPES_BACKWARD_NAME", "DOUBLE_BACKWARD_UNSUPPORTED",
+           "output_dims"]
 
 DOUBLE_BACKWARD_UNSUPPORTED = (
     "nkilib_msda.ms_deformable_attention: double backward (differentiating its gradients, "
@@ -131,6 +132,7 @@ FAMILIES = (INT_LIST, TENSOR_SHAPES)
 FORWARD_NAME = INT_LIST.forward_name
 BACKWARD_NAME = INT_LIST.backward_name
 TENSOR_SHAPES_FORWARD_NAME = TENSOR_SHAPES.forward_name
+TENSOR_SHAPES_BACKWARD_NAME = TENSOR_SHAPES.backward_name
 
 
 def family_of(call: MsdaCall) -> MsdaFamily:
@@ -169,30 +171,29 @@ def save_msda_context(ctx: Any, value: Tensor, sampling_locations: Tensor,
     ctx.msda_call = call
 
 
-def input_gradients(call: MsdaCall | None, family: MsdaFamily, grad_output: Tensor,
-                    value: Tensor, spatial_shapes: Any, level_start_index: Any,
-                    sampling_locations: Tensor, attention_weights: Tensor, options: tuple,
-                    needs: tuple[bool, bool, bool]
+def input_gradients(call: MsdaCall | None, grad_output: Tensor, value: Tensor,
+                    sampling_locations: Tensor, attention_weights: Tensor,
+                    needs: tuple[bool, bool, bool], operator_args: Callable[[], tuple]
                     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(grad_value, grad_sampling_locations, grad_attention_weights), None where not needed.
 
-    ``options``: the forward's (value_layout, sampling_locations_layout, align_corners,
-    padding_mode, backend, deterministic, num_points); ``needs``: the three tensors'
-    ``needs_input_grad`` flags, the backward's ``compute`` mask. In plain eager mode without
-    ``create_graph`` the saved ``call`` (None: none was bound) runs directly; otherwise the
-    family's backward operator."""
+    ``needs``: the three tensors' ``needs_input_grad`` flags, the backward's ``compute`` mask.
+    In plain eager mode without ``create_graph`` the saved ``call`` (None: none was bound) runs
+    directly; otherwise the backward operator of the family that ``operator_args`` returns,
+    with (family, spatial_shapes, level_start_index, value_layout, sampling_locations_layout,
+    align_corners, padding_mode, backend, deterministic, num_points)."""
     compute = (bool(needs[0]), bool(needs[1]), bool(needs[2]))
     if call is not None and not torch.is_grad_enabled() and can_skip_dispatcher(
             grad_output, value, sampling_locations, attention_weights):
         call.check_grad_output(grad_output, value, sampling_locations, attention_weights)
-        with profiler_range(family.backward_name):
+        with profiler_range(BACKWARD_NAME if call.tables is None else TENSOR_SHAPES_BACKWARD_NAME):
             grads = call.backward(grad_output, value, sampling_locations, attention_weights,
                                   compute)
     else:
-        *layouts_and_backend, deterministic, num_points = options
-        grads = family.backward_op(grad_output, value, spatial_shapes, level_start_index,
-                                   sampling_locations, attention_weights, *layouts_and_backend,
-                                   list(compute), deterministic, num_points)
+        family, shapes, starts, *layouts_and_backend, deterministic, num_points = operator_args()
+        grads = family.backward_op(grad_output, value, shapes, starts, sampling_locations,
+                                   attention_weights, *layouts_and_backend, list(compute),
+                                   deterministic, num_points)
     return tuple(g if flag else None for g, flag in zip(grads, compute))  # type: ignore[return-value]
 
 
@@ -297,9 +298,10 @@ def _register_family(family: MsdaFamily) -> None:
         spatial_shapes, level_start_index = (shape_tensors if family.tensor_shapes
                                              else ctx.msda_shapes)
         needs = tuple(ctx.needs_input_grad[i] for i in _GRAD_POSITIONS)
-        grads = input_gradients(ctx.msda_call, family, grad_output, value, spatial_shapes,
-                                level_start_index, sampling_locations, attention_weights,
-                                ctx.msda_options, needs)  # type: ignore[arg-type]
+        grads = input_gradients(
+            ctx.msda_call, grad_output, value, sampling_locations, attention_weights,
+            needs,  # type: ignore[arg-type]
+            lambda: (family, spatial_shapes, level_start_index, *ctx.msda_options))
         inputs_grads: list[Tensor | None] = [None] * _FORWARD_ARITY
         for position, grad in zip(_GRAD_POSITIONS, grads):
             inputs_grads[position] = grad
@@ -324,15 +326,15 @@ class MSDAFunction(torch.autograd.Function):
     def forward(ctx: Any, value: Tensor, sampling_locations: Tensor, attention_weights: Tensor,
                 call: MsdaCall) -> Tensor:
         save_msda_context(ctx, value, sampling_locations, attention_weights, call)
-        with profiler_range(family_of(call).forward_name):
+        with profiler_range(FORWARD_NAME if call.tables is None else TENSOR_SHAPES_FORWARD_NAME):
             return call.forward(value, sampling_locations, attention_weights)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple:
         call: MsdaCall = ctx.msda_call
         value, sampling_locations, attention_weights = ctx.saved_tensors
-        shapes, starts, *layouts = call.op_args()
-        options = (*layouts, call.op_backend, call.deterministic, None)
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        return (*input_gradients(call, family_of(call), grad_output, value, shapes, starts,
-                                 sampling_locations, attention_weights, options, needs), None)
+        return (*input_gradients(call, grad_output, value, sampling_locations, attention_weights,
+                                 needs, lambda: (family_of(call), *call.op_args(),
+                                                 call.op_backend, call.deterministic, None)),
+                None)

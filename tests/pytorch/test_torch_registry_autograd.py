@@ -56,7 +56,7 @@ def test_every_path_uses_the_one_autograd_definition(path, monkeypatch):
     real = ops.input_gradients
 
     def spy(*args):
-        calls.append(tuple(bool(n) for n in args[-1]))
+        calls.append(tuple(bool(n) for n in args[5]))  # needs
         return real(*args)
 
     monkeypatch.setattr(ops, "input_gradients", spy)
