@@ -28,6 +28,8 @@ weights), forward and gradients, fp32.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import statistics
 import sys
 import time
@@ -138,14 +140,16 @@ def _decoders(cuda_op_module) -> dict:
     return decoders
 
 
-def _cuda_op_module():
-    """Deformable-DETR's ``MSDeformAttn`` (``models/ops/modules``), or None."""
+def _cuda_op_module(ops_dir: str):
+    """Deformable-DETR's ``MSDeformAttn`` (``models/ops/modules``, which imports its Function
+    relatively: imported as ``ops.modules`` from the folder above), or None."""
+    ops_dir = os.path.abspath(ops_dir)
+    sys.path.insert(0, os.path.dirname(ops_dir))
     try:
-        from modules import MSDeformAttn
-    except ImportError as exc:
+        return importlib.import_module(f"{os.path.basename(ops_dir)}.modules").MSDeformAttn
+    except (ImportError, AttributeError) as exc:
         print(f"Deformable-DETR's MSDeformAttn not importable ({exc}): CUDA-op rows skipped")
         return None
-    return MSDeformAttn
 
 
 def _shape_tensors(levels) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +206,8 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     _ext, cuda_function, _note = _load_cuda_op()
-    decoders = _decoders(_cuda_op_module() if cuda_function is not None else None)
+    decoders = _decoders(_cuda_op_module(args.cuda_op_dir) if cuda_function is not None
+                         else None)
     inputs = _inputs(1)
     shapes_t, starts_t = _shape_tensors(DDETR_LEVELS)
     ours = decoders["ours"]
