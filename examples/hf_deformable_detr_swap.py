@@ -4,6 +4,12 @@ Runs on CPU in seconds (a tiny random model, nothing downloaded):
 
     python examples/hf_deformable_detr_swap.py --steps 2
     python examples/hf_deformable_detr_swap.py --backend nki   # NKI kernels in the emulator
+    python examples/hf_deformable_detr_swap.py --device cuda --backend auto \
+        --compile-decoder reduce-overhead                     # GPU: decoder in CUDA graphs
+
+``--compile-decoder MODE`` wraps the transformer's decoder in ``torch.compile(mode=MODE)``
+for the training steps; on a GPU, ``reduce-overhead`` replays it as CUDA graphs, which removes the
+host cost that bounds decoder-sized MSDA calls (docs/performance.md, "CUDA graphs").
 
 Needs the ``hf`` extra (transformers, scipy, pillow).
 """
@@ -50,18 +56,29 @@ def random_batch(batch: int, size: int, seed: int) -> tuple[torch.Tensor, list[d
     return pixels, labels
 
 
+def _to(batch: tuple[torch.Tensor, list[dict]], device: torch.device
+        ) -> tuple[torch.Tensor, list[dict]]:
+    pixels, labels = batch
+    return pixels.to(device), [{k: v.to(device) for k, v in t.items()} for t in labels]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps after the swap")
     parser.add_argument("--backend", default="reference", choices=["reference", "nki", "auto"],
                         help="nkilib_msda backend for the swapped layers")
     parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (backend auto: triton)")
+    parser.add_argument("--compile-decoder", default="", metavar="MODE",
+                        choices=["", "default", "reduce-overhead", "max-autotune"],
+                        help="after the swap, torch.compile the decoder with this mode")
     args = parser.parse_args()
     backend = None if args.backend == "auto" else args.backend
+    device = torch.device(args.device)
 
-    model = tiny_deformable_detr()
+    model = tiny_deformable_detr().to(device)
     model.train()
-    pixels, labels = random_batch(2, args.image_size, seed=1)
+    pixels, labels = _to(random_batch(2, args.image_size, seed=1), device)
 
     # Reference run with HF's own grid_sample layer.
     torch.manual_seed(2)
@@ -86,10 +103,13 @@ def main() -> None:
           f"max |parameter-gradient diff| {grad_diff:.3e} (largest gradient {grad_scale:.3e})")
     model.zero_grad()
 
+    if args.compile_decoder:  # after the comparison: compiled dropout draws other masks
+        model.model.decoder = torch.compile(model.model.decoder, mode=args.compile_decoder)
+        print(f"decoder compiled with mode={args.compile_decoder!r}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(args.steps):
         start = time.perf_counter()
-        pixels, labels = random_batch(2, args.image_size, seed=10 + step)
+        pixels, labels = _to(random_batch(2, args.image_size, seed=10 + step), device)
         loss = model(pixel_values=pixels, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
