@@ -8,17 +8,23 @@ thread. :func:`map_blocks` instead runs whole blocks of the pipeline on a pool o
 is 1, so each op runs serially and the threads meet only when all blocks are done.
 
 The OpenMP thread count is a per-thread setting (``omp_set_num_threads`` sets the calling
-thread's ``nthreads-var``): it is set in the pool's own threads only, through the OpenMP runtime
-that torch has loaded, and nothing of torch's global state changes. Where that runtime cannot be
-found (not Linux, torch without OpenMP) or the setting does not take effect, blocks run in the
-calling thread, one after the other, with torch's own parallelism.
+thread's ``nthreads-var``): it is set in the pool's own threads only, and nothing of torch's
+global state changes. The OpenMP runtime is the one threadpoolctl reports loaded in this
+process (its documented ``threadpool_info()``: each runtime's ``filepath`` and ``user_api``);
+MKL's per-thread count (``MKL_Set_Num_Threads_Local``) is looked up in the MKL threadpoolctl
+reports and in torch's own ``libtorch_cpu``, which links MKL statically. Where no runtime is
+found (threadpoolctl not installed, torch without OpenMP) or the setting does not take effect,
+blocks run in the calling thread, one after the other, with torch's own parallelism, and a
+``RuntimeWarning`` says so once.
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import threading
+import warnings
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
@@ -29,11 +35,11 @@ __all__ = ["call_serial", "map_blocks", "pool_available"]
 T = TypeVar("T")
 R = TypeVar("R")
 
-# (function, libraries that may hold it): per-thread thread-count setters taking an int (MKL's
-# C entry point is MKL_Set_Num_Threads_Local, the macro target of mkl_set_num_threads_local; the
+# Per-thread thread-count setters taking an int, by threadpoolctl's API name (MKL's C entry
+# point is MKL_Set_Num_Threads_Local, the macro target of mkl_set_num_threads_local; the
 # lower-case symbol is the Fortran one, which takes a pointer).
-_SERIAL_SETTERS = (("omp_set_num_threads", ("libgomp", "libiomp5", "libomp")),
-                   ("MKL_Set_Num_Threads_Local", ("libtorch_cpu", "libmkl_rt")))
+_OPENMP_SETTER = "omp_set_num_threads"
+_MKL_SETTER = "MKL_Set_Num_Threads_Local"
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 _coordinators: ThreadPoolExecutor | None = None
@@ -56,22 +62,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _loaded_function(name: str, libraries: tuple[str, ...]) -> Callable[..., int] | None:
-    """C function ``name`` of a shared library already mapped into this process whose file
-    name starts with one of ``libraries`` (the copy torch uses), or None."""
+def _setter(path: str, name: str) -> Callable[..., int] | None:
+    """C function ``name`` of the shared library at ``path`` (already loaded: dlopen returns the
+    same handle, hence the same settings), or None."""
     try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[-1].strip() for line in maps if ".so" in line}
-    except OSError:
+        return getattr(ctypes.CDLL(path), name)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
         return None
-    for path in sorted(paths):
-        if path.rsplit("/", 1)[-1].startswith(libraries):
-            try:
-                # already loaded: dlopen returns the same handle, hence the same settings
-                return getattr(ctypes.CDLL(path), name)  # type: ignore[no-any-return]
-            except (OSError, AttributeError):
-                continue
-    return None
+
+
+def _serial_setters() -> list[Callable[..., int]]:
+    """The per-thread setters of the OpenMP and MKL runtimes in this process (module docstring);
+    empty without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    found = [(lib["filepath"], _OPENMP_SETTER if lib.get("user_api") == "openmp" else _MKL_SETTER)
+             for lib in threadpool_info()
+             if lib.get("user_api") == "openmp" or lib.get("internal_api") == "mkl"]
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    found += [(path, _MKL_SETTER) for path in sorted(glob.glob(os.path.join(torch_lib,
+                                                                           "libtorch_cpu.*")))]
+    return [setter for path, name in found if (setter := _setter(path, name)) is not None]
 
 
 def _make_serial() -> None:
@@ -80,10 +93,8 @@ def _make_serial() -> None:
     count), so query first, then set this thread's counts to 1: OpenMP's (ATen's own regions,
     oneDNN) and MKL's (float64 bmm)."""
     torch.get_num_threads()
-    for name, libraries in _SERIAL_SETTERS:
-        setter = _loaded_function(name, libraries)
-        if setter is not None:
-            setter(1)
+    for setter in _serial_setters():
+        setter(1)
 
 
 def _check_serial() -> bool:
@@ -96,10 +107,16 @@ def pool_available() -> bool:
     with _lock:
         if _available is None:
             if "OpenMP" not in torch.__config__.parallel_info():
-                _available = False
+                _available, why = False, "torch was built without OpenMP"
             else:
                 with ThreadPoolExecutor(1, initializer=_make_serial) as probe:
                     _available = probe.submit(_check_serial).result()
+                why = ("no per-thread OpenMP setting took effect (is threadpoolctl installed? "
+                       "pip install threadpoolctl)")
+            if not _available:
+                warnings.warn(f"nkilib_msda: the reference backend's CPU thread pool is off: "
+                              f"{why}; blocks run one after another with torch's own "
+                              f"parallelism", RuntimeWarning, stacklevel=2)
         return _available
 
 

@@ -183,3 +183,25 @@ def test_ctrl_c_while_waiting_cancels_the_blocks_not_yet_started():
                           timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == ["ran [0, 1]"], proc.stdout
+
+
+def test_the_pool_finds_torchs_openmp_through_threadpoolctl():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch without OpenMP")
+    openmp = [lib for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "openmp"]
+    assert openmp, "threadpoolctl reports no OpenMP runtime although torch uses one"
+    names = {setter.__name__ for setter in _cpu_workers._serial_setters()}
+    assert "omp_set_num_threads" in names
+
+
+def test_a_pool_that_cannot_be_made_serial_is_off_with_one_warning(monkeypatch, threads):
+    monkeypatch.setattr(_cpu_workers, "_serial_setters", lambda: [])
+    monkeypatch.setattr(_cpu_workers, "_available", None)
+    threads(2)
+    with pytest.warns(RuntimeWarning, match="thread pool is off") as caught:
+        assert not _cpu_workers.pool_available()
+        assert not _cpu_workers.pool_available()  # decided once, warned once
+    assert len(caught) == 1
+    caller = threading.get_native_id()
+    assert [w[0] for w in _cpu_workers.map_blocks(_where, [0, 1])] == [caller] * 2
