@@ -84,11 +84,17 @@ class MsdaCall:
         been checked against the problem (:meth:`check_grad_output` or the binding)."""
         flags = (bool(compute[0]), bool(compute[1]), bool(compute[2]))
         if any(flags) and not _is_empty(self.problem):
-            extra = {} if self.tables is None else {"level_tables": self.tables}
+            backend = get_backend(self.backend)
             with autocast_disabled(value.device.type):
-                grads = get_backend(self.backend).msda_backward(
-                    grad_output, value, self.problem, sampling_locations, attention_weights,
-                    flags, deterministic=self.deterministic, **extra)
+                if self.tables is None:
+                    grads = backend.msda_backward(grad_output, value, self.problem,
+                                                  sampling_locations, attention_weights, flags,
+                                                  deterministic=self.deterministic)
+                else:
+                    grads = backend.msda_backward(grad_output, value, self.problem,
+                                                  sampling_locations, attention_weights, flags,
+                                                  deterministic=self.deterministic,
+                                                  level_tables=self.tables)
         else:
             grads = (torch.zeros_like(value), torch.zeros_like(sampling_locations),
                      torch.zeros_like(attention_weights))

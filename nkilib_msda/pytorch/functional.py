@@ -92,60 +92,60 @@ def multi_scale_deformable_attention(
             value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
             deterministic)
     for applies, run in _STEPS:
-        if applies(*args):
-            return run(*args)
+        if applies(value, spatial_shapes, sampling_locations, attention_weights):
+            return run(args)
     raise AssertionError("the last route applies to every call")  # pragma: no cover
 
 
-def _plain_eager(value: Any, spatial_shapes: Any, level_start_index: Any,
-                 sampling_locations: Any, attention_weights: Any, *options: Any) -> bool:
+def _plain_eager(value: Any, spatial_shapes: Any, sampling_locations: Any,
+                 attention_weights: Any) -> bool:
     """CPU/CUDA tensors in plain eager mode (or arguments that are not tensors, which the
     binding rejects). Other devices (TorchNeuron's PrivateUse1, meta) always go through the
     dispatcher."""
-    if not all(isinstance(t, Tensor) for t in (value, sampling_locations, attention_weights)):
+    if not (isinstance(value, Tensor) and isinstance(sampling_locations, Tensor)
+            and isinstance(attention_weights, Tensor)):
         return True
     return value.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(
         value, sampling_locations, attention_weights)
 
 
-def _run_eager(value: Tensor, spatial_shapes: Any, level_start_index: Any,
-               sampling_locations: Tensor, attention_weights: Tensor, *options: Any) -> Tensor:
-    call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
-                          attention_weights, *options,
-                          needs_backward=needs_input_grad(value, sampling_locations,
-                                                          attention_weights))
+def _run_eager(args: tuple) -> Tensor:
+    value, sampling_locations, attention_weights = args[0], args[3], args[4]
+    call = bind_msda_call(*args, needs_backward=needs_input_grad(value, sampling_locations,
+                                                                 attention_weights))
     return msda_forward_eager(call, value, sampling_locations, attention_weights)
 
 
-def _in_transform(*args: Any) -> bool:
+def _in_transform(*tensors_and_shapes: Any) -> bool:
     return in_functorch_transform()
 
 
-def _run_under_transform(*args: Any) -> Tensor:
+def _run_under_transform(args: tuple) -> Tensor:
     return msda_under_transform(*msda_operator_args(*args))
 
 
-def _shapes_stay_tensors(value: Any, spatial_shapes: Any, *rest: Any) -> bool:
+def _shapes_stay_tensors(value: Any, spatial_shapes: Any, *tensors: Any) -> bool:
     return isinstance(spatial_shapes, Tensor) and (values_unreadable(spatial_shapes)
                                                    or shapes_on_device(spatial_shapes))
 
 
-def _run_tensor_shapes_op(*args: Any) -> Tensor:
+def _run_tensor_shapes_op(args: tuple) -> Tensor:
     return torch.ops.nkilib_msda.ms_deformable_attention_tensor_shapes(
         *tensor_shapes_operator_args(*args))
 
 
-def _always(*args: Any) -> bool:
+def _always(*tensors_and_shapes: Any) -> bool:
     return True
 
 
-def _run_op(*args: Any) -> Tensor:
+def _run_op(args: tuple) -> Tensor:
     return torch.ops.nkilib_msda.ms_deformable_attention(*msda_operator_args(*args))
 
 
 class Route(NamedTuple):
-    """One way through the torch layer: its name, when it applies (to the functional API's
-    eleven arguments) and what runs it."""
+    """One way through the torch layer: its name, when it applies (given value, spatial_shapes,
+    sampling_locations, attention_weights) and what runs it (given the functional API's eleven
+    arguments as a tuple)."""
 
     name: str
     applies: Callable[..., bool]
@@ -165,5 +165,5 @@ _STEPS = tuple((route.applies, route.run) for route in ROUTES)  # the table, for
 def route_of(value: Any, spatial_shapes: Any, sampling_locations: Any,
              attention_weights: Any) -> str:
     """The name of the route a call with these arguments takes now (tests, diagnostics)."""
-    args = (value, spatial_shapes, None, sampling_locations, attention_weights)
-    return next(route.name for route in ROUTES if route.applies(*args))
+    return next(route.name for route in ROUTES
+                if route.applies(value, spatial_shapes, sampling_locations, attention_weights))
