@@ -41,6 +41,7 @@ from torch import nn
 import nkilib_msda
 from nkilib_msda.bench.gpu import _load_cuda_op, add_cuda_op_dir
 from nkilib_msda.bench.shapes import SHAPES, make_inputs
+from nkilib_msda.validation.layouts import level_starts
 from nkilib_msda.workloads import DDETR_LEVELS
 
 D_MODEL, HEADS, LEVELS, POINTS, FFN, LAYERS = 256, 8, 4, 4, 1024, 6
@@ -158,12 +159,8 @@ def _cuda_op_module(ops_dir: str):
 def _shape_tensors(levels) -> tuple[torch.Tensor, torch.Tensor]:
     """Deformable-DETR's ``spatial_shapes`` (N_l, 2) and ``level_start_index`` (N_l,), int64
     on the GPU."""
-    starts, total = [], 0
-    for h, w in levels:
-        starts.append(total)
-        total += h * w
     return (torch.tensor(levels, dtype=torch.long, device="cuda"),
-            torch.tensor(starts, dtype=torch.long, device="cuda"))
+            torch.tensor(list(level_starts(levels)), dtype=torch.long, device="cuda"))
 
 
 def _msda_rows(cuda_function) -> dict:

@@ -34,6 +34,7 @@ from torch import Tensor
 from nkilib_msda._env import check_optional_bool
 from nkilib_msda.pytorch import dispatch
 from nkilib_msda.pytorch.problem_cache import validated_problem
+from nkilib_msda.validation.layouts import VALUE_DIMS
 from nkilib_msda.validation.msda import MSDAProblem, check_shape_tensors
 
 __all__ = ["check_shapes_tensor", "shapes_on_device", "LevelTables", "level_tables",
@@ -113,9 +114,9 @@ def validation_shapes(problem: MSDAProblem) -> tuple[tuple[int, int], ...]:
 def _pixels(value: Any, value_layout: Any) -> int | None:
     """value's length L when value is a 4-d tensor in a known layout (else None: validation
     reports what is wrong)."""
-    if not isinstance(value, Tensor) or value.dim() != 4 or value_layout not in ("BLNC", "BNLC"):
+    if not isinstance(value, Tensor) or value.dim() != 4 or value_layout not in VALUE_DIMS:
         return None
-    size = value.shape[1] if value_layout == "BLNC" else value.shape[2]
+    size = value.shape[VALUE_DIMS[value_layout].index("L")]
     return size if type(size) is int else None
 
 
