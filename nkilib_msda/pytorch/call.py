@@ -218,6 +218,9 @@ def _bind_on_device(value: Any, spatial_shapes: Tensor, level_start_index: Any,
     for it reads level tables there; None when it needs the values on the host (refused while a
     CUDA graph is captured)."""
     _check_tensors(value, sampling_locations, attention_weights)
+    if spatial_shapes.device != value.device:
+        raise ValueError(f"spatial_shapes: expected a tensor on value's device {value.device} (or "
+                         f"on the CPU, or Python ints), got one on {spatial_shapes.device}")
     if not dispatch.takes_level_tables(request, value.device):
         refuse_host_read_in_capture(dispatch.requested_backend(request, value.device).name)
         return None

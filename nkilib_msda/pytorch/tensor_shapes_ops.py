@@ -73,6 +73,9 @@ def level_tables(spatial_shapes: Tensor, level_start_index: Any) -> LevelTables:
     check_shapes_tensor(spatial_shapes)
     shapes = spatial_shapes.to(torch.int32).contiguous()
     if isinstance(level_start_index, Tensor) and level_start_index.device == shapes.device:
+        if level_start_index.numel() != shapes.shape[0]:
+            raise ValueError(f"level_start_index: expected {shapes.shape[0]} starts (one per level "
+                             f"of spatial_shapes), got shape {tuple(level_start_index.shape)}")
         starts = level_start_index.reshape(-1).to(torch.int32).contiguous()
     else:
         areas = shapes[:, 0] * shapes[:, 1]

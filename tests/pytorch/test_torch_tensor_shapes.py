@@ -506,3 +506,10 @@ def _assert_same_within(got, want, tol):
     torch.testing.assert_close(out, want_out, rtol=tol, atol=tol)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+def test_level_starts_of_the_wrong_length_are_refused_on_the_device_route(tables_backend):
+    value, loc, attn = _msda_inputs(2, 5, seed=27)
+    with pytest.raises(ValueError, match=r"^level_start_index: expected 2 starts"):
+        nkilib_msda.multi_scale_deformable_attention(value, torch.tensor(SHAPES),
+                                                     torch.tensor([0, 24, 30]), loc, attn)
