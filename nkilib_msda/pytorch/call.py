@@ -9,7 +9,7 @@ take the :class:`MsdaCall`, never the raw arguments again.
 
 After validation ``spatial_shapes`` has one form, ``problem.spatial_shapes`` (a tuple of
 (H, W) int pairs); the operators' flat int list ``[H0, W0, H1, W1, ...]`` exists only on the
-operator boundary (:meth:`MsdaCall.op_args`, :func:`bind_msda_op_call`). The exception is a
+operator boundary (:meth:`MsdaCall.op_args`, ``ops.MsdaFamily.bind``). The exception is a
 shapes tensor on a device whose backend reads level tables there (:mod:`.tensor_shapes_ops`):
 then the call carries the tables (``MsdaCall.tables``) and a problem without the values.
 """
@@ -32,7 +32,7 @@ from nkilib_msda.pytorch.tensor_shapes_ops import (
     tensor_shapes_problem, validation_shapes)
 from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["MsdaCall", "bind_msda_call", "bind_msda_op_call", "msda_operator_args",
+__all__ = ["MsdaCall", "bind_msda_call", "msda_operator_args",
            "spatial_shapes_from_flat", "needs_input_grad"]
 
 
@@ -275,17 +275,3 @@ def spatial_shapes_from_flat(flat: list[int]) -> tuple[tuple[int, int], ...]:
     if len(flat) % 2:
         raise ValueError(f"spatial_shapes: expected a flat list [H0, W0, H1, W1, ...], got {flat!r}")
     return tuple((int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2))
-
-
-def bind_msda_op_call(value: Tensor, spatial_shapes: list[int], level_start_index: list[int] | None,
-                      sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
-                      sampling_locations_layout: str, align_corners: bool, padding_mode: str,
-                      backend: str, deterministic: bool | None, *, needs_backward: bool,
-                      grad_output: Tensor | None = None) -> MsdaCall:
-    """:func:`bind_msda_call` for the operators' arguments (flat spatial shapes; level starts
-    None: derived from the shapes)."""
-    starts = None if level_start_index is None else list(level_start_index)
-    return bind_msda_call(value, spatial_shapes_from_flat(spatial_shapes), starts,
-                          sampling_locations, attention_weights, value_layout,
-                          sampling_locations_layout, align_corners, padding_mode, backend,
-                          deterministic, needs_backward=needs_backward, grad_output=grad_output)
