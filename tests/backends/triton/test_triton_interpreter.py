@@ -42,7 +42,9 @@ CASE_NAMES = [
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
+    # The repository first, then whatever path found triton for this process.
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True,
                           env=env, timeout=600, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"interpreter cases crashed:\n{proc.stderr[-4000:]}"

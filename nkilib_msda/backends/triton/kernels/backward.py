@@ -193,7 +193,10 @@ def msda_grad_value_rows_kernel(
     count = tl.where(r_mask, tl.load(row_start_ptr + rows + 1) - first, 0)
     longest = tl.max(count, axis=0)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for i in range(0, longest):
+    # A while loop, not range(longest): Triton 3.6's interpreter turns a tensor loop bound
+    # into a Python int through a 1-element array, which NumPy >= 2.4 refuses.
+    i = 0
+    while i < longest:
         active = i < count
         entry = tl.load(perm_ptr + first + i, mask=active, other=0)
         coef = tl.load(coef_ptr + entry, mask=active, other=0.0)
@@ -201,6 +204,7 @@ def msda_grad_value_rows_kernel(
         g_ptrs = grad_out_ptr + ((bq * NUM_HEADS + head) * HEAD_DIM)[:, None] + ch[None, :]
         g = tl.load(g_ptrs, mask=active[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
         acc += coef[:, None] * g
+        i += 1
     out_ptrs = grad_value_ptr + (rows * HEAD_DIM)[:, None] + ch[None, :]
     tl.store(out_ptrs, acc.to(grad_value_ptr.dtype.element_ty),
              mask=r_mask[:, None] & c_mask[None, :])
