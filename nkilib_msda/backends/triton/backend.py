@@ -244,10 +244,11 @@ class _Context:
         if stream is not None:
             self._scratch[stream] = scratch
 
-    def launcher(self, key: tuple, build) -> _Launcher:
+    def launcher(self, key: tuple, build, atomic: tuple[int, ...] = ()) -> _Launcher:
         launcher = self._launchers.get(key)
         if launcher is None:
-            launcher = self._launchers[key] = _Launcher(*build())
+            kernel, grid, scalars, kwargs = build()
+            launcher = self._launchers[key] = _Launcher(kernel, grid, scalars, kwargs, atomic)
         return launcher
 
 
@@ -391,8 +392,12 @@ def msda_backward(grad_output, value, problem: MSDAProblem, sampling_locations, 
     if want_value or want_loc or want_attn:
         flags = (want_value, want_loc, want_attn)
         build = lambda: _backward_launch(problem, plan, flags, deterministic)  # noqa: E731
-        launch = (ctx.launcher(("bwd", flags, deterministic), build) if default_plan
-                  else _Launcher(*build()))
+        atomic = () if deterministic else (6,)  # the accumulator (argument 6) takes atomics
+        if default_plan:
+            launch = ctx.launcher(("bwd", flags, deterministic), build, atomic)
+        else:
+            kernel, grid, scalars, kwargs = build()
+            launch = _Launcher(kernel, grid, scalars, kwargs, atomic)
         shapes, starts = ctx.tables() if level_tables is None else level_tables
         tensors: tuple = (grad_output, value, sampling_locations, attention_weights, shapes,
                           starts, accumulator, grad_loc, grad_attn)

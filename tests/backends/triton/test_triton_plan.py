@@ -7,7 +7,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nkilib_msda.backends.triton import backend as tb  # noqa: E402
-from nkilib_msda.backends.triton import launch as triton_launch  # noqa: E402
 from nkilib_msda.validation.msda import MSDAProblem, validate_msda_args  # noqa: E402
 from nkilib_msda.workloads import DDETR_LEVELS as DDETR  # noqa: E402
 
@@ -167,59 +166,6 @@ def test_reason_is_computed_once_per_call_signature(monkeypatch):
     assert len(calls) == 2
 
 
-class _FakeCompiled:
-    def __init__(self, log, fail=False):
-        self.log, self.fail = log, fail
-
-    def __getitem__(self, grid):
-        def runner(*args):
-            if self.fail:
-                raise TypeError("launcher signature mismatch")
-            self.log.append(("direct", grid, args))
-        return runner
-
-
-class _FakeKernel:
-    """Stands in for a @triton.jit function: records JIT launches, returns a fake compiled kernel."""
-
-    arg_names = ["a", "b", "n", "BLOCK", "FLAG"]
-
-    def __init__(self, fail_direct=False):
-        self.log = []
-        self.compiled = _FakeCompiled(self.log, fail_direct)
-
-    def __getitem__(self, grid):
-        def jit(*args, **kwargs):
-            self.log.append(("jit", grid, args, kwargs))
-            return self.compiled
-        return jit
-
-
-def test_launcher_reuses_compiled_kernel_with_all_arguments_in_order(monkeypatch):
-    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
-    kernel = _FakeKernel()
-    launch = triton_launch.Launcher(kernel, (6,), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
-    a, b = torch.zeros(4), torch.zeros(4)
-    launch(a, b)
-    launch(a, b)
-    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]
-    assert kernel.log[0][3] == dict(BLOCK=16, FLAG=True, num_warps=4)
-    _, grid, args = kernel.log[1]
-    assert grid == (6, 1, 1) and args[:2] == (a, b) and args[2:] == (7, 16, True)
-    launch(a[1:], b)  # another alignment: compiled again through the JIT
-    assert kernel.log[-1][0] == "jit"
-
-
-def test_launcher_falls_back_to_jit_when_direct_launch_fails(monkeypatch):
-    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
-    kernel = _FakeKernel(fail_direct=True)
-    launch = triton_launch.Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
-    a = torch.zeros(4)
-    for _ in range(3):
-        launch(a, a)
-    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "jit"]
-
-
 @pytest.mark.parametrize("queries,points", [(22223, 4), (300, 4), (18000, 8)])
 def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kernel(queries, points):
     _needs_triton()  # without it the first reason is "triton is not installed"
@@ -241,55 +187,3 @@ def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kern
     kernel, grid, scalars, kwargs = tb._backward_launch(p, plan, (True, True, True), True)
     assert kernel is msda_backward_kernel and kwargs["DETERMINISTIC"] is True
     assert kwargs["BLOCK_Q"] == plan.backward.block_q and len(scalars) == 5
-
-
-class _FakeCompiledWithLauncher(_FakeCompiled):
-    """A compiled kernel with the C launcher's attributes (``run``, ``function``,
-    ``packed_metadata``) that Triton's own runner calls."""
-
-    function, packed_metadata = "cu-function", "packed"
-
-    def run(self, *args):
-        self.log.append(("bare", args))
-
-
-def test_launcher_calls_the_c_launcher_as_tritons_runner_does(monkeypatch):
-    knobs = pytest.importorskip("triton.knobs", reason="needs a Triton with knobs (3.4+)")
-    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index,
-                        raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    kernel = _FakeKernel()
-    kernel.compiled = _FakeCompiledWithLauncher(kernel.log)
-    launch = triton_launch.Launcher(kernel, (6, 2), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
-    a, b = torch.zeros(4), torch.zeros(4)
-    launch(a, b)
-    launch(a, b)
-    assert [entry[0] for entry in kernel.log] == ["jit", "bare"]
-    # grid, stream of the current device, function, packed metadata, no launch metadata and
-    # no hooks, then the kernel's arguments with the constexpr tail
-    assert kernel.log[1][1] == (6, 2, 1, 1003, "cu-function", "packed", None, None, None,
-                                a, b, 7, 16, True)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
-    launch(a, b)  # a launch hook is set: Triton's runner launches, so the hook sees it
-    assert kernel.log[-1] == ("direct", (6, 2, 1), (a, b, 7, 16, True))
-
-
-def test_launcher_falls_back_to_tritons_runner_when_the_c_launcher_rejects_the_call(monkeypatch):
-    pytest.importorskip("triton.knobs", reason="needs a Triton with knobs (3.4+)")
-    monkeypatch.setattr(triton_launch, "FAST_LAUNCH", [True])
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-
-    class RejectingLauncher(_FakeCompiledWithLauncher):
-        def run(self, *args):
-            raise TypeError("function takes exactly 12 arguments")
-
-    kernel = _FakeKernel()
-    kernel.compiled = RejectingLauncher(kernel.log)
-    launch = triton_launch.Launcher(kernel, (2,), (3,), dict(BLOCK=8, FLAG=False))
-    a = torch.zeros(4)
-    for _ in range(4):
-        launch(a, a)
-    # JIT; the bare launch raises, so the JIT launches again; then Triton's runner for good
-    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "direct", "direct"]
