@@ -1,4 +1,5 @@
-"""GPU benchmark: our Triton MSDA vs the grid_sample reference vs the Deformable-DETR CUDA op.
+"""GPU benchmark: our Triton MSDA vs the grid_sample reference, the Deformable-DETR CUDA op and
+roulbac/msda-triton (the peers' code comes from folders given on the command line).
 
 ``python benchmarks/bench_gpu.py`` (or ``nkilib-msda bench``) times every available
 implementation on the same inputs for the shapes of docs/performance.md, in fp32 and bf16,
@@ -8,7 +9,8 @@ relative L2 error against a float64 grid_sample reference. Writes results.md, re
 bench_gpu.png (benchmarks/bench_plot.py, from the same rows) under ``--out``.
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between calls; "eager"), and for our
-rows (and the decoders of every implementation) CUDA-graph replay (``do_bench_cudagraph``),
+rows, the compiled peers' (and the decoders of every implementation) CUDA-graph replay
+(``do_bench_cudagraph``),
 which removes the host dispatch cost. "host µs/call" is the wall time per call of back-to-back
 eager calls without synchronisation: the Python + launch cost, the bound on small shapes.
 Rows ``ours`` / ``ours-det`` go through the public function and autograd (deterministic=False
@@ -25,6 +27,8 @@ import os
 import sys
 from typing import Callable
 
+from nkilib_msda.bench import peers
+from nkilib_msda.bench.guard import floor_table, load_accepted, peers_table, write_accepted
 from nkilib_msda.bench.report import (TABLE_HEADER, Row, format_row, results_dict, rows_from_log,
                                       summary_table, targets_table, write_plot)
 from nkilib_msda.bench.shapes import DTYPES, MODES, SHAPES, BenchShape, make_inputs
@@ -136,6 +140,13 @@ def implementations(shape: BenchShape, dtype_name: str, inputs, impls):
 
             found["cuda"] = {"fwd": cuda_fwd, "fwd+bwd": cuda_fwd_bwd}
 
+    if "msda-triton" in impls:
+        peer, note = peers.msda_triton(shape.levels, inputs, leaves)
+        if peer is None:
+            notes.append(str(note))
+        else:
+            found["msda-triton"] = peer
+
     if "api" in impls:
         api, note = _load_api()
         if note:
@@ -236,7 +247,8 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
                     if mode not in modes:
                         continue
                     nbytes = fwd_bytes * (1 if mode == "fwd" else 2)
-                    graph_ok = name in ("ours", "triton") or (shape.decoder and name != "ref")
+                    graph_ok = (name in ("ours", "triton", "cuda", "msda-triton")
+                                or (shape.decoder and name != "ref"))
                     methods = ["do_bench"] + (["graph"] if graph_ok else [])
                     for method in methods:
                         try:
@@ -343,8 +355,8 @@ def parse_args(argv):
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma list: float32,bfloat16,float16")
     p.add_argument("--modes", default=",".join(MODES), help="comma list: fwd,fwd+bwd")
     p.add_argument("--impls", default="triton,ref,cuda,api",
-                   help="comma list: triton (kernels called directly), ref, cuda, api (the public "
-                        "function through autograd: rows 'ours' and 'ours-det')")
+                   help="comma list: triton (kernels called directly), ref, cuda, msda-triton, api "
+                        "(the public function through autograd: rows 'ours' and 'ours-det')")
     p.add_argument("--out", default="bench_out", help="directory for results.md/json and the PNG")
     p.add_argument("--warmup", type=int, default=50, help="do_bench warmup (ms)")
     p.add_argument("--rep", type=int, default=300, help="do_bench repetition time (ms)")
@@ -352,6 +364,14 @@ def parse_args(argv):
     p.add_argument("--cuda-op-dir", default="", metavar="DIR",
                    help="Deformable-DETR's models/ops folder with the extension built in place: "
                         "'cuda' rows, fwd+bwd through its autograd.Function")
+    p.add_argument("--peer-dir", default="", metavar="DIR",
+                   help="folder holding roulbac/msda-triton's msda_triton package: "
+                        "'msda-triton' rows (fp32 grad_value accumulation)")
+    p.add_argument("--accepted", default=os.path.join("benchmarks", "accepted_floor.json"),
+                   metavar="FILE", help="the last accepted time over the floor per shape "
+                                        "(printed beside this run's)")
+    p.add_argument("--accept", default="", metavar="RUN",
+                   help="record this run's times over the floor in --accepted, labelled RUN")
     p.add_argument("--sweep", action="store_true", help="time tile configurations instead")
     p.add_argument("--shard", default="0/1", help="sweep: run tasks i, i+n, ... given as i/n")
     p.add_argument("--compile-only", action="store_true", help="sweep: only compile (no timing)")
@@ -365,11 +385,13 @@ def main(argv=None) -> int:
     """Entry point of ``nkilib-msda bench`` and ``benchmarks/bench_gpu.py``."""
     args = parse_args(argv)
     add_cuda_op_dir(args.cuda_op_dir)
+    peers.add_peer_dir(args.peer_dir)
     if args.tables_from:
         with open(args.tables_from) as f:
             rows = rows_from_log(f.read())
         os.makedirs(args.out, exist_ok=True)
-        print(summary_table(rows) + "\n\n" + targets_table(rows))
+        print(summary_table(rows) + "\n\n" + peers_table(rows) + "\n\n"
+              + floor_table(rows, load_accepted(args.accepted)) + "\n\n" + targets_table(rows))
         try:
             write_plot(results_dict(rows, f"rows of {args.tables_from}", "see the log"),
                        os.path.join(args.out, "bench_gpu.png"))
@@ -409,9 +431,14 @@ def main(argv=None) -> int:
     command = "python benchmarks/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     table = "\n".join([TABLE_HEADER] + [format_row(r) for r in rows])
     summary, targets = summary_table(rows), targets_table(rows)
+    judged = (f"## Ours against the best accurate peer\n\n{peers_table(rows)}\n\n"
+              f"## Time over the bytes floor against the accepted run\n\n"
+              f"{floor_table(rows, load_accepted(args.accepted))}")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(f"Command: `{command}`\n\nDevice: {device}\n\n## Summary (µs)\n\n{summary}\n\n"
-                f"## Targets\n\n{targets}\n\n## All rows\n\n{table}\n")
+                f"{judged}\n\n## Targets\n\n{targets}\n\n## All rows\n\n{table}\n")
+    if args.accept:
+        write_accepted(args.accepted, rows, args.accept)
     results = results_dict(rows, device, command)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -420,7 +447,7 @@ def main(argv=None) -> int:
     except ImportError as exc:
         print(f"plot skipped: matplotlib not importable ({exc})")
     print("\n" + table)
-    print("\n" + summary + "\n\n" + targets)
+    print("\n" + summary + "\n\n" + judged + "\n\n" + targets)
     return 0
 
 
