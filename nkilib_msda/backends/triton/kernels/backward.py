@@ -48,13 +48,15 @@ def _corner_dots(value_base, rows, masks, g, chan, c_mask, ROW_STRIDE: tl.conste
 
 
 @triton.jit
-def _row_scales(g):
-    """(2^-k, 2^k) per row of g (BLOCK_Q, BLOCK_C): the power of two that brings the row's
-    largest |g| into [1, 4) (k = 0 below 2; k <= 126). The dots use 2^-k g and grad_loc / grad_attn are
-    multiplied by 2^k last, so g near the fp32 maximum overflows once, to the right infinity,
-    instead of inf - inf = NaN between corners (nkilib_msda.backends.reference._grad_scale). Built from
-    the exponent bits E of max|g|: bits(2^-k) = clamp(0x7F000000 - E, 2^-126, 1)."""
-    exponent = tl.max(tl.abs(g), axis=1).to(tl.int32, bitcast=True) & 0x7F800000
+def _row_scales(g, AXIS: tl.constexpr):
+    """(2^-k, 2^k) per query of g, reduced over its channel axis AXIS: g (BLOCK_Q, BLOCK_C)
+    with AXIS = 1 gives (BLOCK_Q,), g (BLOCK_Q, 1, BLOCK_C) with AXIS = 2 gives (BLOCK_Q, 1).
+    2^-k brings the query's largest |g| into [1, 4) (k = 0 below 2; k <= 126). The dots use
+    2^-k g and grad_loc / grad_attn are multiplied by 2^k last, so g near the fp32 maximum
+    overflows once, to the right infinity, instead of inf - inf = NaN between corners
+    (nkilib_msda.backends.reference._grad_scale). Built from the exponent bits E of max|g|:
+    bits(2^-k) = clamp(0x7F000000 - E, 2^-126, 1)."""
+    exponent = tl.max(tl.abs(g), axis=AXIS).to(tl.int32, bitcast=True) & 0x7F800000
     down = tl.minimum(tl.maximum(0x7F000000 - exponent, 0x00800000), 0x3F800000)
     return down.to(tl.float32, bitcast=True), (0x7F000000 - down).to(tl.float32, bitcast=True)
 
@@ -125,7 +127,7 @@ def msda_backward_kernel(
                 mask=c_mask[None, :], other=0.0).to(tl.float32)
     g = tl.where(q_mask[:, None], g, 0.0)
     if NEED_DOTS:
-        down, up = _row_scales(g)
+        down, up = _row_scales(g, 1)
         g_dots = g * down[:, None]
 
     for level in tl.static_range(NUM_LEVELS):
@@ -252,10 +254,11 @@ def msda_backward_samples_kernel(
     cm = c_mask[None, None, :]
 
     if NEED_DOTS:
-        down, up = _row_scales(g)
-        up2 = up[:, None]
-        d = _corner_dots(value_base, rows, masks, (g * down[:, None])[:, None, :], chan, cm,
-                         ROW_STRIDE)
+        # Scales from g3, in the corner tiles' layout: computed from the 2-D g, they cost a
+        # second load of g and layout conversions (+48 SASS instructions, 3 more barriers,
+        # Triton 3.6, sm_90; the TSA regression of issue 31, benchmarks/RESULTS.md).
+        down, up2 = _row_scales(g3, 2)  # (BLOCK_Q, 1)
+        d = _corner_dots(value_base, rows, masks, g3 * down[:, :, None], chan, cm, ROW_STRIDE)
         if COMPUTE_ATTN:
             ga = (w[0] * d[0] + w[1] * d[1] + w[2] * d[2] + w[3] * d[3]) * up2
             tl.store(grad_attn_ptr + sample, ga.to(grad_attn_ptr.dtype.element_ty),
