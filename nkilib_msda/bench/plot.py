@@ -23,6 +23,8 @@ SERIES = {
     ("ours", "graph"): "nkilib_msda triton backend, same call replayed in a CUDA graph",
     ("ref", "do_bench"): "PyTorch grid_sample (Deformable-DETR's PyTorch path)",
     ("cuda", "do_bench"): "Deformable-DETR CUDA op",
+    ("cuda", "graph"): "Deformable-DETR CUDA op, replayed in a CUDA graph",
+    ("msda-triton", "graph"): "roulbac/msda-triton (fp32 grad_value accumulation), CUDA graph",
 }
 MODES = ("fwd", "fwd+bwd")
 MODE_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward (all three gradients)"}
