@@ -96,8 +96,9 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     """Tiles chosen from the problem; the rules come from sweeps on an H200
     (benchmarks/RESULTS.md): one 16-byte vector per thread per corner in the forward,
     head-slowest program order, for small (decoder) problems the all-samples forward with 4
-    queries per program, and the all-samples backward with one query per program in fast
-    mode (the points backward, 4 elements per thread, in deterministic mode). With
+    queries per program, and the all-samples backward in fast mode with one query per program,
+    or with 8 (fp32) / 16 (16-bit) samples per program when queries have fewer samples (the
+    points backward, 4 elements per thread, in deterministic mode). With
     KEEP_SCRATCH_BY_DEFAULT, 16-bit values of up to KEPT_SCRATCH_MAX_BYTES of fp32 keep their
     grad_value accumulator between calls."""
     block_c = next_pow2(problem.head_dim)
@@ -118,6 +119,14 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     bwd_q = _pick_block_q(problem, max(1, 256 // block_c), sm_count, minimum=1)
     bwd_warps = 2 if bwd_q * block_c <= 512 else 4
     samples_warps = max(2, min(8, block_s * block_c // 256))
+    # Few samples per query (BEV TSA: 4) on large problems: several queries per program, so a
+    # program holds as many samples as the encoder's one query (measured 2026-12-03, H200,
+    # BEV TSA backward alone: fp32 273 -> 239 us with 2 queries, bf16 286 -> 236 us with 4;
+    # the encoder's 16 samples stay fastest at 1 query; benchmarks/RESULTS.md). Decoder-sized
+    # problems (the all-samples forward) keep 1 query: not measured there.
+    samples_q = 1
+    if forward_kernel == "points":
+        samples_q = max(1, (8 if vector == 4 else 16) // block_s)
     value_elements = problem.batch * problem.total_pixels * problem.num_heads * problem.head_dim
     small = value_elements * 4 <= KEPT_SCRATCH_MAX_BYTES
     scratch = "kept" if KEEP_SCRATCH_BY_DEFAULT and vector == 8 and small else "fresh"
@@ -130,7 +139,7 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
         grad_value_scratch=scratch,
         forward_kernel=forward_kernel,
         backward_kernel="samples",
-        samples_backward=KernelConfig(1, samples_warps),
+        samples_backward=KernelConfig(samples_q, samples_warps),
     )
 
 

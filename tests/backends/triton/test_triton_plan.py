@@ -187,3 +187,16 @@ def test_fast_backward_uses_the_samples_kernel_and_deterministic_the_points_kern
     kernel, grid, scalars, kwargs = tb._backward_launch(p, plan, (True, True, True), True)
     assert kernel is msda_backward_kernel and kwargs["DETERMINISTIC"] is True
     assert kwargs["BLOCK_Q"] == plan.backward.block_q and len(scalars) == 5
+
+
+@pytest.mark.parametrize("dtype,block_q", [("float32", 2), ("bfloat16", 4)])
+def test_few_samples_per_query_put_several_queries_in_a_backward_program(dtype, block_q):
+    # BEV TSA: 4 samples per query -> 8 (fp32) / 16 (bf16) samples per program; the encoder
+    # (16 samples) and decoder-sized problems keep one query per program.
+    tsa = problem(batch=1, queries=40000, levels=((200, 200),), points=4)
+    assert tb.plan_launch(tsa, dtype).samples_backward.block_q == block_q
+    kernel, grid, _, kwargs = tb._backward_launch(tsa, tb.plan_launch(tsa, dtype), (True,) * 3, False)
+    assert kwargs["BLOCK_Q"] == block_q and grid == (8 * -(-40000 // block_q),)
+    assert tb.plan_launch(problem(), dtype).samples_backward.block_q == 1
+    decoder = problem(batch=1, queries=900, levels=((200, 200),), points=4)
+    assert tb.plan_launch(decoder, dtype).samples_backward.block_q == 1
