@@ -114,13 +114,13 @@ def make_inputs(shape: str, dtype: str, local: bool, seed: int = 0):
         # the first level (TSA: one query per BEV cell), in normalised coordinates.
         idx = torch.arange(q, device="cuda") % pixels
         ref = torch.empty(q, 2, device="cuda")
-        start = 0
-        for h, w in levels:
+        from nkilib_msda.validation.layouts import level_starts  # this checkout's, before any version
+
+        for (h, w), start in zip(levels, level_starts(levels)):
             inside = (idx >= start) & (idx < start + h * w)
             local_i = idx[inside] - start
             ref[inside, 0] = (local_i % w + 0.5) / w
             ref[inside, 1] = (local_i // w + 0.5) / h
-            start += h * w
         sizes = torch.tensor([[w, h] for h, w in levels], dtype=torch.float32, device="cuda")
         offsets = torch.randn(batch, q, HEADS, nl, points, 2, **kw) * 2.0 / sizes[:, None, :]
         loc = ref[None, :, None, None, None, :] + offsets
