@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Correctness check and benchmark of the Triton backend in one go, on a CUDA machine, from the
-# repository root:   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] bash benchmarks/run_all_gpu.sh [OUT_DIR]
+# repository root:   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] [PEER_DIR=folder holding
+#   roulbac/msda-triton's msda_triton package] bash benchmarks/run_all_gpu.sh [OUT_DIR]
 # (CUDA_OP_DIR: that folder with its extension built in place, `python setup.py build_ext --inplace`)
 # 1. benchmarks/check_gpu.py in 12 processes (shards) while 12 more compile every kernel the
 #    benchmark uses (Triton's on-disk cache is shared; compiling dominates otherwise), then
@@ -18,7 +19,7 @@ for i in $(seq 0 11); do
 done
 for s in ${shapes//,/ }; do
   for d in float32 bfloat16; do
-    python benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" --impls triton,api --warmup 1 \
+    python benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" --impls triton,api,msda-triton --peer-dir "${PEER_DIR:-}" --warmup 1 \
       --rep 1 --no-errors --out "$out/warm" > "$out/warm_${s}_$d.log" 2>&1 &
   done
 done
@@ -28,6 +29,6 @@ cat "$out"/check_*.log | grep -E "^(PASS|FAIL|INFO)" | sort -k1,1 > "$out/check.
 echo "check: $(grep -c '^PASS' "$out/check.txt") PASS, $(grep -c '^FAIL' "$out/check.txt") FAIL"
 grep '^FAIL' "$out/check.txt"
 grep -l -E "Traceback|Error" "$out"/check_*.log "$out"/warm_*.log
-python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda --warmup 10 --rep 40 \
-  --cuda-op-dir "${CUDA_OP_DIR:-}" --out "$out/bench" 2>&1 | tee "$out/bench.log"
+python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda,msda-triton --warmup 10 \
+  --rep 40 --cuda-op-dir "${CUDA_OP_DIR:-}" --peer-dir "${PEER_DIR:-}" --out "$out/bench" 2>&1 | tee "$out/bench.log"
 echo "total: $(( $(date +%s) - start )) s"
