@@ -35,14 +35,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# Shapes as in nkilib_msda.workloads (copied, since each version brings its own package):
-# (batch, queries or None for one per pixel, levels, points); 8 heads of 32 channels.
-SHAPES = {
-    "ddetr-encoder": (2, None, ((100, 167), (50, 84), (25, 42), (13, 21)), 4),
-    "bevformer-sca": (1, 18000, ((113, 200), (57, 100), (29, 50), (15, 25)), 8),
-    "bevformer-tsa": (1, 40000, ((200, 200),), 4),
-}
-HEADS, CHANNELS = 8, 32
+from nkilib_msda.workloads import PRESETS  # this checkout's, read before any version is loaded
+
+# (batch, queries, levels, points, heads, channels) of the workloads timed here.
+SHAPES = {name: (c.batch, c.num_queries, tuple(c.spatial_shapes), c.num_points, c.num_heads,
+                 c.head_dim)
+          for name, c in PRESETS.items()
+          if name in ("ddetr-encoder", "bevformer-sca", "bevformer-tsa")}
 
 
 @dataclass
@@ -102,13 +101,12 @@ def make_inputs(shape: str, dtype: str, local: bool, seed: int = 0):
     ~ N(0,1); all in ``dtype`` (the benchmark's inputs)."""
     import torch
 
-    batch, queries, levels, points = SHAPES[shape]
+    batch, q, levels, points, heads, channels = SHAPES[shape]
     pixels = sum(h * w for h, w in levels)
-    q = pixels if queries is None else queries
     nl = len(levels)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kw = dict(device="cuda", generator=gen)
-    value = torch.randn(batch, pixels, HEADS, CHANNELS, **kw)
+    value = torch.randn(batch, pixels, heads, channels, **kw)
     if local:
         # Query i's reference point: the centre of pixel i of the level pyramid (encoders) or of
         # the first level (TSA: one query per BEV cell), in normalised coordinates.
@@ -122,13 +120,13 @@ def make_inputs(shape: str, dtype: str, local: bool, seed: int = 0):
             ref[inside, 0] = (local_i % w + 0.5) / w
             ref[inside, 1] = (local_i // w + 0.5) / h
         sizes = torch.tensor([[w, h] for h, w in levels], dtype=torch.float32, device="cuda")
-        offsets = torch.randn(batch, q, HEADS, nl, points, 2, **kw) * 2.0 / sizes[:, None, :]
+        offsets = torch.randn(batch, q, heads, nl, points, 2, **kw) * 2.0 / sizes[:, None, :]
         loc = ref[None, :, None, None, None, :] + offsets
     else:
-        loc = torch.rand(batch, q, HEADS, nl, points, 2, **kw)
-    attn = torch.rand(batch, q, HEADS, nl, points, **kw)
+        loc = torch.rand(batch, q, heads, nl, points, 2, **kw)
+    attn = torch.rand(batch, q, heads, nl, points, **kw)
     attn = attn / attn.sum((-1, -2), keepdim=True)
-    grad = torch.randn(batch, q, HEADS * CHANNELS, **kw)
+    grad = torch.randn(batch, q, heads * channels, **kw)
     to = getattr(torch, dtype)
     return levels, value.to(to), loc.to(to), attn.to(to), grad.to(to)
 
