@@ -201,14 +201,14 @@ def note_access(storage: Storage, itemsize: int, instruction: str, is_write: boo
 def _note_timing_view(t: NkiTensor, is_write: bool) -> None:
     """Tell the running simulation's timing recorder about an access of the view ``t``."""
     ctx = current_or_none()
-    if ctx is not None and ctx.timeline is not None:
-        ctx.timeline.note_view(ctx.program_id, t, is_write)
+    if ctx is not None:
+        ctx.events.access_view(t, is_write)
 
 
 def _note_timing_raw(storage: Storage, addr: Any, dtype: Any, is_write: bool) -> None:
     ctx = current_or_none()
-    if ctx is not None and ctx.timeline is not None:
-        ctx.timeline.note_raw(ctx.program_id, storage, addr, dtype, is_write)
+    if ctx is not None:
+        ctx.events.access_raw(storage, addr, dtype, is_write)
 
 
 def read_raw(storage: Storage, addr: Any, dtype: Any, instruction: str,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nkilib_msda.simulator.errors import NkiError, OtherProgramAborted, nki_error
+from nkilib_msda.simulator.events import InstructionEvents
 from nkilib_msda.simulator.memory import MemoryTracker
 from nkilib_msda.simulator.report import CostReport
 from nkilib_msda.simulator.targets import Target
@@ -162,8 +163,10 @@ class ExecutionContext:
         self.report = CostReport()
         self.report.target = shared.target.name
         self.timeline = shared.timeline
-        if self.timeline is not None:
-            self.report._timeline = (self.timeline, program_id)
+        # the one source of this program's instruction events: counted by the report, timed
+        # by the run's timeline (when timing is on)
+        self.events = InstructionEvents(program_id, [self.report] if self.timeline is None
+                                        else [self.report, self.timeline])
         self.memory = MemoryTracker(shared.target, self.report, strict=shared.options.strict)
         self.shared_allocation_count = 0
         self.barrier_phase = 0  # core_barriers this program has passed (cross-core race phases)

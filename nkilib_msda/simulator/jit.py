@@ -215,8 +215,6 @@ class _Runner:
             arrays = [to_torch(a) for a in arrays]
         report = CostReport.merged(ctx.report for ctx in contexts)
         report.programs = [ctx.report for ctx in contexts]
-        for ctx in contexts:
-            ctx.report._timeline = None
         if shared.timeline is not None:
             if shared.timeline.failure is None:
                 report.timing = Timing.from_timeline(shared.timeline)

@@ -168,7 +168,7 @@ def full(shape: Any, fill_value: Any, dtype: Any, buffer: Any = sbuf, name: str 
     """Allocate and fill (a memset on chip, a DMA write in HBM)."""
     t = ndarray(shape, dtype, buffer=buffer, name=name)
     write(t, np.full(t.size, fill_value), "full")
-    current().report.add_instruction("vector" if t.is_on_chip else "dma", "memset", t.size)
+    current().events.compute("vector" if t.is_on_chip else "dma", "memset", t.size)
     return t
 
 

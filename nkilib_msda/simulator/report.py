@@ -1,23 +1,21 @@
 """Cost report: what a kernel asked the hardware to do, counted per engine and per DMA kind.
 
 The counts (instructions, elements, DMA bytes and descriptors, peak on-chip memory) are exact.
-The modelled time, which overlaps engines and DMA queues, is ``report.timing`` (a
-:class:`~nkilib_msda.simulator.timing.Timing`, docs/timing.md): the report forwards each
-counted instruction to the run's timeline while the kernel runs.
+The report is one subscriber of the program's instruction events (:mod:`.events`); the timing
+recorder is the other. The modelled time, which overlaps engines and DMA queues, is
+``report.timing`` (a :class:`~nkilib_msda.simulator.timing.Timing`, docs/timing.md), set
+after the run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from nkilib_msda.simulator.events import (DMA_DIRECTIONS, DMA_KINDS, ENGINES, ComputeEvent,
+                                          DmaEvent, check_dma, check_engine)
 
 __all__ = ["CostReport", "ENGINES", "DMA_KINDS", "DMA_DIRECTIONS"]
-
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma", "sync")
-DMA_KINDS = ("direct", "indirect_gather", "indirect_scatter", "indirect_rmw", "transpose",
-             "indirect_transpose", "compute")
-DMA_DIRECTIONS = ("hbm_to_sbuf", "sbuf_to_hbm", "hbm_to_hbm", "sbuf_to_sbuf", "mixed_to_sbuf",
-                  "mixed_to_hbm")
 
 
 @dataclass
@@ -34,7 +32,7 @@ class _DmaStats:
     histogram: dict[int, int] = field(default_factory=dict)
 
     def add(self, elements: int, nbytes: int, hbm_bytes: int,
-            descriptors: dict[int, int] | None, skipped: int) -> None:
+            descriptors: Mapping[int, int] | None, skipped: int) -> None:
         self.instructions += 1
         self.elements += int(elements)
         self.bytes += int(nbytes)
@@ -43,7 +41,7 @@ class _DmaStats:
         if descriptors:
             self._merge_histogram(descriptors)
 
-    def _merge_histogram(self, hist: dict[int, int]) -> None:
+    def _merge_histogram(self, hist: Mapping[int, int]) -> None:
         for size, count in hist.items():
             if count <= 0:
                 continue
@@ -90,21 +88,25 @@ class CostReport:
         self.target = ""
         self.programs: list[CostReport] = []  # per-program reports of an LNC>1 run
         self.timing: Any = None  # the modelled time (timing.Timing), set after the run
-        self._timeline: Any = None  # (timing.Timeline, program id) while the kernel runs
 
-    # -- recording -------------------------------------------------------------------------
+    # -- instruction events (a subscriber of events.InstructionEvents) ----------------------
+    wants_accesses = False  # counts need no operand geometry
+
+    def on_compute(self, program: int, event: ComputeEvent) -> None:
+        self.add_instruction(event.engine, event.opcode, event.elements)
+
+    def on_dma(self, program: int, event: DmaEvent) -> None:
+        self.add_dma(event.opcode, event.kind, event.direction, event.elements, event.nbytes,
+                     event.hbm_bytes, event.descriptors, event.skipped_descriptors)
+
+    def on_barrier(self, program: int) -> None:
+        """Counted as its ``sync`` instruction (a compute event)."""
+
+    # -- counting ----------------------------------------------------------------------------
     def add_instruction(self, engine: str, opcode: str, elements: int) -> None:
         """Count one instruction of ``opcode`` on ``engine`` processing ``elements`` elements."""
-        self._count(engine, opcode, elements)
-        if self._timeline is not None:
-            timeline, program = self._timeline
-            timeline.compute(program, engine, opcode, int(elements))
-
-    def _count(self, engine: str, opcode: str, elements: int) -> None:
-        per_engine = self.instructions.get(engine)
-        if per_engine is None:
-            raise ValueError(f"CostReport.add_instruction: unknown engine {engine!r}; "
-                             f"expected one of {ENGINES}")
+        check_engine(engine)
+        per_engine = self.instructions[engine]
         entry = per_engine.get(opcode)
         if entry is None:
             per_engine[opcode] = [1, int(elements)]
@@ -113,29 +115,16 @@ class CostReport:
             entry[1] += int(elements)
 
     def add_dma(self, opcode: str, kind: str, direction: str, elements: int, nbytes: int,
-                hbm_bytes: int = 0, descriptors: dict[int, int] | None = None,
-                skipped_descriptors: int = 0, queue: str | None = None) -> None:
-        """Count one DMA instruction: kind, direction, bytes, and descriptors as a histogram
-        ``{bytes_per_descriptor: count}`` (indirect DMAs). ``queue`` ("sync" or "act":
-        hardware DGE, "swdge": software DGE, None: by kind) is where the timing model issues
-        it."""
-        if kind not in DMA_KINDS:
-            raise ValueError(f"CostReport.add_dma: unknown kind {kind!r}; expected {DMA_KINDS}")
-        if direction not in DMA_DIRECTIONS:
-            raise ValueError(f"CostReport.add_dma: unknown direction {direction!r}")
-        timeline, self._timeline = self._timeline, None  # timed below, as a DMA
-        try:
-            self.add_instruction("dma", opcode, elements)  # every instruction passes here
-        finally:
-            self._timeline = timeline
+                hbm_bytes: int = 0, descriptors: Mapping[int, int] | None = None,
+                skipped_descriptors: int = 0) -> None:
+        """Count one DMA instruction (on the ``dma`` engine): kind, direction, bytes, and
+        descriptors as a histogram ``{bytes_per_descriptor: count}`` (indirect DMAs)."""
+        check_dma(kind, direction)
+        self.add_instruction("dma", opcode, elements)
         stats = self.dma.get((kind, direction))
         if stats is None:
             stats = self.dma[(kind, direction)] = _DmaStats()
         stats.add(elements, nbytes, hbm_bytes, descriptors, skipped_descriptors)
-        if timeline is not None:
-            recorder, program = timeline
-            recorder.dma(program, opcode, kind, direction, int(elements), int(nbytes),
-                         int(hbm_bytes), descriptors, queue, int(skipped_descriptors))
 
     def note_memory(self, sbuf_bytes: int, psum_bytes: int) -> None:
         self.peak_sbuf_bytes_per_partition = max(self.peak_sbuf_bytes_per_partition, sbuf_bytes)

@@ -120,7 +120,7 @@ def _rounding_wrapper(op: NkiOp, x: Any, dtype: Any = None) -> Any:
     values = access.read_f32(x, instruction)
     rounded = np.floor(values) if op is floor else np.ceil(values)
     access.write(out, rounded.astype(np.float32), instruction)
-    current().report.add_instruction("vector", op.name, int(x.size))
+    current().events.compute("vector", op.name, int(x.size))
     return out
 
 
@@ -187,7 +187,7 @@ def _where_wrapper(op: NkiOp, condition: Any, x: Any, y: Any, dtype: Any = None)
     xv = access.read_f32(x, instruction)
     yv = np.float32(y) if _is_scalar(y) else access.read_f32(y, instruction)
     access.write(out, np.where(cond != 0, xv, yv).astype(np.float32), instruction)
-    current().report.add_instruction("vector", "select", int(x.size))
+    current().events.compute("vector", "select", int(x.size))
     return out
 
 
@@ -234,7 +234,7 @@ def assign(dst: NkiTensor, value: Any, instruction: str) -> None:
             if src_vals.dtype != dst.dtype.np or dst.dtype != value.dtype:
                 src_vals = src_vals.astype(np.float32)
             access.write(dst, src_vals.reshape(-1), instruction)
-            ctx.report.add_instruction("vector", "tensor_copy", dst.size)
+            ctx.events.compute("vector", "tensor_copy", dst.size)
             return
         isa.dma_copy(dst=dst, src=value)
         return
@@ -242,7 +242,7 @@ def assign(dst: NkiTensor, value: Any, instruction: str) -> None:
         if dst.dtype.is_int and not float(value).is_integer():
             raise nki_error(instruction, "value type", f"float {value} assigned to {dst.dtype}")
         access.write(dst, np.full(dst.size, value), instruction)
-        ctx.report.add_instruction("vector" if dst.is_on_chip else "dma", "memset", dst.size)
+        ctx.events.compute("vector" if dst.is_on_chip else "dma", "memset", dst.size)
         return
     raise nki_error(instruction, "value type",
                     f"can only assign an NKI tensor or a number, got {type(value).__name__}")

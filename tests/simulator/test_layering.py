@@ -24,9 +24,10 @@ ROOT = Path(simulator_pkg.__file__).parent
 # and the graph must be acyclic. Every name is a module that exists (tested below).
 LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
+    ("instruction events", {"access_geometry", "events"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
-    ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.recorder",
-                      "timing.schedule"}),
+    ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.graph",
+                      "timing.recorder", "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),
     ("tensors and views", {"geometry", "dynamic_views", "tensor"}),

@@ -212,7 +212,7 @@ def clear_matmul_flags(t: NkiTensor) -> None:
 
 
 def record(engine: str, opcode: str, elements: int) -> None:
-    current().report.add_instruction(engine, opcode, int(elements))
+    current().events.compute(engine, opcode, int(elements))
 
 
 class ReduceRegisters:

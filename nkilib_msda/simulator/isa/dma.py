@@ -102,9 +102,8 @@ def _account(opcode: str, kind: str, srcs: Sequence[_Operand], dst: _Operand, el
     descriptors = indirect[0].descriptors if indirect else None
     skipped = sum(op.skipped_descriptors for op in (*srcs, dst) if op.kind != "static")
     direction = direction or _direction([s.side for s in srcs], dst.side)
-    current().report.add_dma(opcode, kind, direction,
-                             elements, elements * dst.itemsize, hbm, descriptors, skipped,
-                             queue=queue)
+    current().events.dma(opcode, kind, direction, elements, elements * dst.itemsize, hbm,
+                         descriptors, skipped, queue=queue)
 
 
 # -- dma_copy ----------------------------------------------------------------------------------------

@@ -52,10 +52,9 @@ def lnc_core_barrier(data: Any, cores: Any, engine: Any = _engine.gpsimd,
         raise nki_error(ins, "cores", f"cores must be (0, 1) (the only supported value; a list "
                                       f"[0, 1] is accepted), got {cores!r}")
     as_enum(engine, _engine, "engine", ins)
-    ctx.report.add_instruction("sync", "core_barrier", 0)
+    ctx.events.compute("sync", "core_barrier", 0)
     if ctx.num_programs > 1:
-        if ctx.timeline is not None:
-            ctx.timeline.barrier(ctx.program_id)  # before the hand-over: see Timeline.barrier
+        ctx.events.barrier()  # before the hand-over: see Timeline.on_barrier
         ctx.shared.scheduler.barrier(ctx.program_id, ins)
         ctx.barrier_phase += 1  # orders this program's shared-HBM accesses (access.py races)
 
@@ -91,9 +90,8 @@ def _exchange(ins: str, src: Any, dst: Any, send_to_rank: Any, recv_from_rank: A
     ctx._sendrecv_seq = seq + 1  # type: ignore[attr-defined]
     box = ctx.shared.mailbox
     box[(seq, me)] = (to, read(src, ins))
-    ctx.report.add_instruction("dma", ins, src.size)
-    if ctx.timeline is not None:
-        ctx.timeline.barrier(me)  # a rendezvous of the two cores, timed as a barrier
+    ctx.events.compute("dma", ins, src.size)
+    ctx.events.barrier()  # a rendezvous of the two cores, timed as a barrier
     ctx.shared.scheduler.barrier(me, ins)
     posted = box.get((seq, frm))
     if posted is None or posted[0] != me:

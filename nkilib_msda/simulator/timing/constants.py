@@ -23,7 +23,7 @@ from typing import Mapping
 
 from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS_PER_DMA_ENGINE
 
-__all__ = ["Param", "Hardware", "HARDWARE", "PARAMS", "PARAM_NAMES", "SOURCES",
+__all__ = ["Param", "Hardware", "HARDWARE", "PARAMS", "PARAM_NAMES", "PARAM_INDEX", "SOURCES",
            "hardware_for", "params_for", "nominal_params", "param_vector"]
 
 _DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
@@ -92,6 +92,7 @@ class Hardware:
     dma_transpose_efficiency: float  # HBM->SBUF dma_transpose share of DMA throughput
     dma_transpose_sbuf_efficiency: float  # SBUF->SBUF dma_transpose
     dma_accumulate_efficiency: float  # DMA read-modify-write (dma_compute, accumulate) share
+    dma_accumulate_sbuf_efficiency: float  # the same into an SBUF destination
     hwdge_instruction_ns: float  # documented "about" value; the range is PARAMS
     hbm_bytes_per_ns_chip: float  # HBM bandwidth of the whole chip
     cores_per_chip: int
@@ -112,6 +113,7 @@ _COMMON_SOURCES = {
     "dma_transpose_efficiency": SOURCES["trn2_arch"] + " (DMA transpose: up to 90%)",
     "dma_transpose_sbuf_efficiency": SOURCES["trn2_arch"] + " (SBUF->SBUF up to 50%)",
     "dma_accumulate_efficiency": SOURCES["trn3_arch"] + " (50% before NeuronCore-v4)",
+    "dma_accumulate_sbuf_efficiency": SOURCES["trn3_arch"] + " (near-memory accumulation)",
     "hwdge_instruction_ns": SOURCES["trn2_arch"] + " (DGE: about 600 ns per instruction)",
 }
 
@@ -124,7 +126,8 @@ _TRN2 = Hardware(
     dma_engines=DMA_ENGINES, dma_queues_per_engine=16,
     partitions_per_dma_engine=PARTITIONS_PER_DMA_ENGINE,
     dma_bytes_per_ns=23.0, dma_transpose_efficiency=0.9, dma_transpose_sbuf_efficiency=0.5,
-    dma_accumulate_efficiency=0.5, hwdge_instruction_ns=600.0,
+    dma_accumulate_efficiency=0.5, dma_accumulate_sbuf_efficiency=0.5,
+    hwdge_instruction_ns=600.0,
     hbm_bytes_per_ns_chip=2900.0, cores_per_chip=8,
     sources={**_COMMON_SOURCES,
              "clock_ghz": SOURCES["trn2_arch"] + " (Compute Engine Specifications)",
@@ -139,9 +142,12 @@ _TRN3 = replace(
     clock_ghz={"tensor": 2.4, "vector": 1.2, "scalar": 1.2, "gpsimd": 1.2, "sync": 1.2},
     scalar_2byte_speedup=2.0,
     dma_bytes_per_ns=33.0,
-    # NeuronCore-v4 accumulates into SBUF at full DMA throughput; HBM destinations keep
-    # the 50% of the DMA compute engines (assumption: the page speaks of SBUF only).
+    # NeuronCore-v4 accumulates into SBUF at full DMA throughput ("near-memory accumulation
+    # maintains the same throughput as standard DMA copy operations to SBUF"); HBM
+    # destinations keep the 50% of the DMA compute engines (assumption: the page speaks of
+    # SBUF only).
     dma_accumulate_efficiency=0.5,
+    dma_accumulate_sbuf_efficiency=1.0,
     hbm_bytes_per_ns_chip=4700.0,
     sources={**_COMMON_SOURCES,
              "clock_ghz": SOURCES["trn3_arch"] + " (Compute Engine Specifications)",
@@ -213,6 +219,7 @@ def _params(hwdge_ns: float) -> tuple[Param, ...]:
 PARAMS: dict[str, tuple[Param, ...]] = {name: _params(hw.hwdge_instruction_ns)
                                         for name, hw in HARDWARE.items()}
 PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS["trn2"])
+PARAM_INDEX: dict[str, int] = {name: i for i, name in enumerate(PARAM_NAMES)}
 
 
 def hardware_for(target: str) -> Hardware:

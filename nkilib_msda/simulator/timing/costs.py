@@ -9,11 +9,34 @@ the ranged static overhead (``compute_overhead_cycles``) is added by the recorde
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, Sequence
 
 from nkilib_msda.simulator.timing.constants import Hardware
 
-__all__ = ["Operand", "compute_cycles", "base_cycles", "matmul_cycles", "transpose_cycles"]
+__all__ = ["Operand", "OperandFacts", "compute_cycles", "base_cycles", "matmul_cycles", "transpose_cycles"]
+
+
+class OperandFacts(Protocol):
+    """What a cost formula reads of an operand (an :class:`Operand`, or the emulator's
+    :class:`~nkilib_msda.simulator.access_geometry.Access`)."""
+
+    @property
+    def buffer(self) -> str: ...
+
+    @property
+    def two_byte_float(self) -> bool: ...
+
+    @property
+    def contiguous(self) -> bool: ...
+
+    @property
+    def partitions(self) -> int: ...
+
+    @property
+    def elems_per_partition(self) -> int: ...
+
+    @property
+    def fp32(self) -> bool: ...
 
 
 class Operand(NamedTuple):
@@ -29,7 +52,8 @@ class Operand(NamedTuple):
     fp32: bool = False
 
 
-def base_cycles(opcode: str, n: float, reads: list[Operand], writes: list[Operand]) -> float:
+def base_cycles(opcode: str, n: float, reads: Sequence[OperandFacts],
+                writes: Sequence[OperandFacts]) -> float:
     """NC-v2 Vector/Scalar cycles of ``opcode`` on ``n`` elements per partition (before the
     MIN_II floor and any Trainium2 performance mode)."""
     in_psum = any(r.buffer == "psum" for r in reads)
@@ -38,7 +62,7 @@ def base_cycles(opcode: str, n: float, reads: list[Operand], writes: list[Operan
     if opcode in ("scalar_tensor_tensor", "tensor_tensor_scan"):
         return 2.0 * n
     if opcode == "tensor_reduce":
-        all_bf16 = all(o.two_byte_float for o in reads + writes)
+        all_bf16 = all(o.two_byte_float for o in [*reads, *writes])
         return n / 2.0 if all_bf16 else n
     if opcode == "reciprocal":
         return 8.0 * n
@@ -51,10 +75,10 @@ def base_cycles(opcode: str, n: float, reads: list[Operand], writes: list[Operan
     return n  # tensor_scalar, tensor_copy, activation, iota, affine_select, ... : N
 
 
-def _vector_speedup(hw: Hardware, opcode: str, reads: list[Operand],
-                    writes: list[Operand]) -> float:
+def _vector_speedup(hw: Hardware, opcode: str, reads: Sequence[OperandFacts],
+                    writes: Sequence[OperandFacts]) -> float:
     """Trainium2 Vector performance modes (chosen by hardware)."""
-    ops = reads + writes
+    ops = [*reads, *writes]
     if not ops or not all(o.two_byte_float for o in ops):
         return 1.0
     if opcode in ("tensor_copy", "tensor_scalar") and hw.vector_perf_4x_copy:
@@ -73,16 +97,16 @@ def _vector_speedup(hw: Hardware, opcode: str, reads: list[Operand],
 _SCALAR_2BYTE_OPS = ("tensor_copy", "tensor_scalar", "activation")
 
 
-def compute_cycles(hw: Hardware, engine: str, opcode: str, n: float, reads: list[Operand],
-                   writes: list[Operand]) -> float:
+def compute_cycles(hw: Hardware, engine: str, opcode: str, n: float,
+                   reads: Sequence[OperandFacts], writes: Sequence[OperandFacts]) -> float:
     """Engine cycles of one Vector/Scalar/GpSimd instruction, MIN_II / start-up included."""
     cycles = base_cycles(opcode, n, reads, writes)
     if engine == "gpsimd":
         return hw.gpsimd_start_cycles + cycles
     if engine == "vector":
         cycles /= _vector_speedup(hw, opcode, reads, writes)
-    elif engine == "scalar" and opcode in _SCALAR_2BYTE_OPS and reads + writes and all(
-            o.two_byte_float for o in reads + writes):
+    elif engine == "scalar" and opcode in _SCALAR_2BYTE_OPS and (reads or writes) and all(
+            o.two_byte_float for o in [*reads, *writes]):
         cycles /= hw.scalar_2byte_speedup
     if opcode in ("activation_reduce", "tensor_scalar_reduce"):
         cycles = max(hw.min_ii_cycles, cycles) + hw.min_ii_cycles

@@ -1,9 +1,9 @@
 """Online recording of a kernel's instruction stream as a dependency graph, scheduled as it runs.
 
-One :class:`Timeline` per simulation (shared by the programs of an LNC 2 run). The operand
-access layer reports every read and write of the running instruction (:meth:`note_view`,
-:meth:`note_raw`); when the instruction is counted in the cost report, :meth:`compute` /
-:meth:`dma` turn the pending accesses into a node of the graph:
+One :class:`Timeline` per simulation (shared by the programs of an LNC 2 run), subscribed to
+every program's instruction events (:mod:`nkilib_msda.simulator.events`): each compute, DMA
+and barrier event, with its accesses already resolved by the emulator
+(:mod:`nkilib_msda.simulator.access_geometry`), becomes a node of the graph:
 
 - each compute engine, DMA issue queue and (DMA queue, DMA engine) lane of each core is a
   *resource* that runs its nodes in program order (:func:`core_resources`);
@@ -18,6 +18,7 @@ access layer reports every read and write of the running instruction (:meth:`not
   plus a few ``coefficient x parameter`` terms, so :class:`~.schedule.Timing` can re-schedule
   the recorded graph for other parameter values without re-running the kernel.
 
+:meth:`Timeline.graph` hands the result over as a frozen :class:`~.graph.TimingGraph`.
 The online pass uses the nominal parameters; it decides, per region, which earlier node a
 new node waits for (the latest-ending reader at nominal for write-after-read).
 """
@@ -28,54 +29,25 @@ from typing import Any
 
 import numpy as np
 
-from nkilib_msda.hardware import TWO_BYTE_FLOAT_DTYPES
-from nkilib_msda.simulator.timing.constants import PARAM_NAMES, hardware_for, param_vector
+from nkilib_msda.simulator.access_geometry import Access
+from nkilib_msda.simulator.events import ComputeEvent, DmaEvent
+from nkilib_msda.simulator.timing.constants import (PARAM_INDEX as _P, PARAM_NAMES, hardware_for,
+                                                    param_vector)
+from nkilib_msda.simulator.timing.costs import compute_cycles, matmul_cycles, transpose_cycles
+from nkilib_msda.simulator.timing.graph import (COMPUTE_ENGINES, DMA_INDIRECT, DMA_NO_CHIP,
+                                                DMA_TRANSPOSE, NODE_BARRIER, NODE_COMPUTE,
+                                                NODE_ISSUE, NODE_TRANSFER, TimingGraph,
+                                                core_resources, csr)
 from nkilib_msda.simulator.timing.guard import TimingWarning, guarded
-from nkilib_msda.simulator.timing.costs import (Operand, compute_cycles, matmul_cycles,
-                                                transpose_cycles)
 
-__all__ = ["Timeline", "TimingWarning", "CORE_RESOURCES", "COMPUTE_ENGINES", "DMA_QUEUES",
-           "NODE_COMPUTE", "NODE_ISSUE", "NODE_TRANSFER", "NODE_BARRIER", "core_resources"]
+__all__ = ["Timeline", "TimingWarning"]
 
-COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync")
-QUEUES = ("queue_sync", "queue_act")  # hardware-DGE / trigger issue resources
-# DMA queues: each has its own in-order lane on every DMA engine (see core_resources)
-DMA_QUEUES = ("static", "sync", "act", "swdge")
-_P = {name: i for i, name in enumerate(PARAM_NAMES)}
-NODE_COMPUTE, NODE_ISSUE, NODE_TRANSFER, NODE_BARRIER = 0, 1, 2, 3
 _MAX_CHUNKS = 256
 _PARTITION_GROUP = 8
 _MIN_CHUNK_BYTES = 64
-_TWO_BYTE_FLOATS = frozenset(TWO_BYTE_FLOAT_DTYPES)
 _INDIRECT_KINDS = frozenset({"indirect_gather", "indirect_scatter", "indirect_rmw",
                              "indirect_transpose", "compute"})
-
-
-def core_resources(dma_engines: int) -> tuple[str, ...]:
-    """Resource names of one core: compute engines, issue queues, and one in-order lane per
-    (DMA queue, DMA engine) named ``"<queue>:dma<j>"``. Transfers of one queue follow each
-    other on an engine; transfers of different queues do not block each other (the engines
-    serve their queues round-robin); their shared bandwidth is bounded by ``Timing``."""
-    return COMPUTE_ENGINES + QUEUES + tuple(f"{q}:dma{j}" for q in DMA_QUEUES
-                                            for j in range(dma_engines))
-
-
-CORE_RESOURCES = core_resources(16)
-
-
-class _Access:
-    """One read or write of the running instruction."""
-
-    __slots__ = ("storage", "lo", "hi", "p0", "p1", "nbytes", "run_bytes", "op")
-
-    def __init__(self, storage: Any, lo: int, hi: int, p0: int, p1: int, nbytes: int,
-                 run_bytes: int, op: Operand) -> None:
-        self.storage = storage
-        self.lo, self.hi = lo, hi  # byte range (within a partition on chip; flat in HBM)
-        self.p0, self.p1 = p0, p1  # partitions (0, 1 for HBM)
-        self.nbytes = nbytes
-        self.run_bytes = run_bytes  # bytes of one contiguous run (a DMA descriptor)
-        self.op = op
+_TRANSPOSE_KINDS = frozenset({"transpose", "indirect_transpose"})
 
 
 class _Regions:
@@ -94,30 +66,19 @@ class _Regions:
         self.r_id = np.full(shape, -1, dtype=np.int64)
 
 
-_FLAGS: dict[Any, tuple[bool, bool]] = {}
-
-
-def _dtype_flags(dtype: Any) -> tuple[bool, bool]:
-    """(2-byte float, float32) of an NKI dtype."""
-    flags = _FLAGS.get(dtype)
-    if flags is None:
-        name = str(dtype)
-        flags = _FLAGS[dtype] = (name in _TWO_BYTE_FLOATS, name == "float32")
-    return flags
-
-
 class _Program:
-    """Per-core state: pending accesses and resource ids."""
+    """Per-core resource ids."""
 
     def __init__(self, base: int, names: tuple[str, ...]) -> None:
         self.base = base
         self.res = {name: base + i for i, name in enumerate(names)}
-        self.reads: list[tuple[Any, ...]] = []  # noted, resolved by Timeline._take
-        self.writes: list[tuple[Any, ...]] = []
 
 
 class Timeline:
-    """The recorded graph of one simulation (see the module docstring)."""
+    """The recorded graph of one simulation (see the module docstring): a subscriber of every
+    program's instruction events (:mod:`nkilib_msda.simulator.events`)."""
+
+    wants_accesses = True
 
     def __init__(self, target: str, num_programs: int) -> None:
         self.target = target
@@ -141,117 +102,11 @@ class Timeline:
         self.order: list[tuple[int, ...]] = []  # waited for without latency (same DMA queue)
         self.name: list[str] = []
         self.queue: list[str] = []
+        self.dma_flags: list[int] = []
         self.end: list[float] = []
         self.hbm_bytes = 0
         self._barrier_arrivals = 0
         self.failure: str | None = None  # the first recording error (see _guarded)
-
-    # -- accesses ------------------------------------------------------------------------
-    def note_view(self, program: int, t: Any, is_write: bool) -> None:
-        """A read or write of the static view ``t`` by the running instruction (resolved when
-        the instruction is recorded)."""
-        prog = self.programs[program]
-        (prog.writes if is_write else prog.reads).append((t,))
-
-    def note_raw(self, program: int, storage: Any, addr: Any, dtype: Any,
-                 is_write: bool) -> None:
-        """A read or write at element addresses ``addr`` (a slice or an int array)."""
-        prog = self.programs[program]
-        (prog.writes if is_write else prog.reads).append((storage, addr, dtype))
-
-    @staticmethod
-    def _view_access(t: Any) -> _Access | None:
-        """The region, partitions and operand facts of the static view ``t`` (shape,
-        strides, offset in elements)."""
-        storage = t.storage
-        itemsize = t.dtype.itemsize
-        shape, strides, offset = t.shape, t.strides, t.offset
-        two, f32 = _dtype_flags(t.dtype)
-        size = 1
-        for n in shape:
-            size *= n
-        if size == 0:
-            return None
-        on_chip = storage.buffer in ("sbuf", "psum")
-        free_from = 1 if on_chip and shape else 0
-        lo_e = hi_e = 0
-        for n, s in zip(shape[free_from:], strides[free_from:]):
-            if s < 0:
-                lo_e += (n - 1) * s
-            else:
-                hi_e += (n - 1) * s
-        run = 1
-        expected = 1
-        for n, s in zip(reversed(shape[free_from:]), reversed(strides[free_from:])):
-            if n == 1:
-                continue
-            if s != expected:
-                break
-            run *= n
-            expected *= n
-        contiguous = not shape[free_from:] or shape[-1] == 1 or strides[-1] == 1
-        if on_chip:
-            ppe = storage.bytes_per_partition // itemsize
-            parts = shape[0] if shape else 1
-            if shape and (strides[0] == ppe or parts == 1) and ppe:
-                p0, col = divmod(offset, ppe)
-                lo, hi = (col + lo_e) * itemsize, (col + hi_e + 1) * itemsize
-                p1 = p0 + parts
-                if lo < 0 or hi > storage.bytes_per_partition:  # wraps into other partitions
-                    p0, p1 = 0, max(storage.partitions, p1)
-                    lo, hi = 0, storage.bytes_per_partition
-            else:  # an access pattern across partitions: the whole storage (conservative)
-                p0, p1, lo, hi = 0, max(storage.partitions, parts), 0, storage.bytes_per_partition
-            per = size // max(parts, 1)
-        else:
-            lo, hi = (offset + lo_e) * itemsize, (offset + hi_e + 1) * itemsize
-            p0, p1, parts, per = 0, 1, 1, size
-        op = Operand(storage.buffer, two, contiguous, parts, per, f32)
-        return _Access(storage, lo, hi, p0, p1, size * itemsize, run * itemsize, op)
-
-    @staticmethod
-    def _raw_access(storage: Any, addr: Any, dtype: Any,
-                    storage_order: bool = False) -> _Access | None:
-        """The same for element addresses ``addr`` (a slice or an int array).
-
-        ``storage_order``: the run is the mean contiguous run of the addresses as stored
-        (sorted; within a partition on chip), not in the order the instruction visits them
-        (a DMA transpose reads its source rows whole and permutes them; see :meth:`dma`);
-        otherwise a non-contiguous address array counts as runs of one element."""
-        itemsize = dtype.itemsize
-        runs = 0
-        if isinstance(addr, slice):
-            lo_e, hi_e = addr.start or 0, addr.stop
-            count = hi_e - lo_e
-            contiguous = True
-        else:
-            addr = np.asarray(addr)
-            count = int(addr.size)
-            if count == 0:
-                return None
-            lo_e, hi_e = int(addr.min()), int(addr.max()) + 1
-            contiguous = count == hi_e - lo_e
-            if storage_order and not contiguous:
-                ordered = np.sort(addr, axis=None)
-                runs = 1 + int(np.count_nonzero(np.diff(ordered) != 1))
-        if count <= 0:
-            return None
-        two, f32 = _dtype_flags(dtype)
-        if storage.buffer in ("sbuf", "psum"):
-            ppe = max(storage.bytes_per_partition // itemsize, 1)
-            p0, p1 = lo_e // ppe, (hi_e - 1) // ppe + 1
-            if p1 - p0 == 1:
-                lo, hi = (lo_e - p0 * ppe) * itemsize, (hi_e - p0 * ppe) * itemsize
-            else:
-                lo, hi = 0, storage.bytes_per_partition
-            per = max(count // (p1 - p0), 1)
-            run = per if contiguous else max(count // runs, 1) if runs else 1
-        else:
-            lo, hi, p0, p1 = lo_e * itemsize, hi_e * itemsize, 0, 1
-            per = count
-            run = count if contiguous else max(count // runs, 1) if runs else 1
-        op = Operand(storage.buffer, two, contiguous, p1 - p0, per, f32)
-        return _Access(storage, lo, hi, p0, p1, count * itemsize, run * itemsize, op)
 
     # -- dependencies ------------------------------------------------------------------------
     def _regions(self, program: int, storage: Any) -> _Regions:
@@ -266,7 +121,7 @@ class Timeline:
             storage.aux[key] = regions
         return regions
 
-    def _deps(self, program: int, reads: list[_Access], writes: list[_Access]
+    def _deps(self, program: int, reads: tuple[Access, ...], writes: tuple[Access, ...]
               ) -> tuple[set[int], set[int], list[tuple[_Regions, Any, bool]]]:
         """(node ids waited for, those of them that wrote what is read, the regions to
         update)."""
@@ -326,7 +181,8 @@ class Timeline:
 
     def _add(self, kind: int, core: int, lo: int, hi: int, const: float,
              terms: tuple[tuple[int, float], ...], lat: int, deps: set[int], name: str,
-             queue: str = "", order: set[int] | None = None) -> tuple[int, float]:
+             queue: str = "", order: set[int] | None = None, dma_flags: int = 0
+             ) -> tuple[int, float]:
         free = self.free
         ends = self.end
         start = max(free[lo:hi]) if hi - lo > 1 else free[lo]
@@ -350,43 +206,31 @@ class Timeline:
         self.order.append(tuple(sorted(order)) if order else ())
         self.name.append(name)
         self.queue.append(queue)
+        self.dma_flags.append(dma_flags)
         self.end.append(end)
         return node, end
 
-    def _take(self, program: int, storage_order: bool = False
-              ) -> tuple[list[_Access], list[_Access]]:
-        """The running instruction's reads and writes, resolved; clears them.
-        ``storage_order``: runs of address arrays as stored (see :meth:`_raw_access`)."""
-        prog = self.programs[program]
-        noted = prog.reads, prog.writes
-        prog.reads, prog.writes = [], []
-        out: tuple[list[_Access], list[_Access]] = ([], [])
-        for entries, accesses in zip(noted, out):
-            for entry in entries:
-                acc = self._view_access(entry[0]) if len(entry) == 1 \
-                    else self._raw_access(entry[0], entry[1], entry[2], storage_order)
-                if acc is not None:
-                    accesses.append(acc)
-        return out
-
     @guarded
-    def compute(self, program: int, engine: str, opcode: str, elements: int) -> None:
-        """One compute instruction (``engine`` as in the cost report)."""
+    def on_compute(self, program: int, event: ComputeEvent) -> None:
+        """One compute instruction; a ``dma``-engine one (HBM memset, sendrecv) is a direct
+        DMA of the bytes it writes; a ``sync`` one (core_barrier) is timed by
+        :meth:`on_barrier`."""
+        engine, opcode = event.engine, event.opcode
+        reads, writes = event.reads, event.writes
         if engine == "dma":
-            self.dma(program, opcode, "direct", "", elements, -1, 0, None)
+            self._dma(program, opcode, "direct", -1, 0, None, None, reads, writes)
             return
-        reads, writes = self._take(program)
         if engine == "sync":
-            return  # core_barrier: handled by barrier()
+            return
         if engine not in COMPUTE_ENGINES:
-            engine = "vector"
+            raise ValueError(f"Timeline.on_compute: engine must be one of {COMPUTE_ENGINES} or "
+                             f"dma, got {engine!r}")
         hw = self.hw
         clk = hw.clock_ghz[engine]
-        ref = writes[0].op if writes else (reads[0].op if reads else None)
+        ref = writes[0] if writes else (reads[0] if reads else None)
         parts = ref.partitions if ref is not None and ref.partitions else 1
-        n = elements / parts
-        rops = [a.op for a in reads]
-        wops = [a.op for a in writes]
+        n = event.elements / parts
+        rops, wops = list(reads), list(writes)
         overhead: tuple[tuple[int, float], ...] = ((_P["compute_overhead_cycles"], 1.0 / clk),)
         if engine == "tensor":
             overhead = ()
@@ -408,9 +252,15 @@ class Timeline:
         self._update(spans, node, end)
 
     @guarded
-    def dma(self, program: int, opcode: str, kind: str, direction: str, elements: int,
-            nbytes: int, hbm_bytes: int, descriptors: dict[int, int] | None,
-            queue: str | None = None, skipped_descriptors: int = 0) -> None:
+    def on_dma(self, program: int, event: DmaEvent) -> None:
+        """One DMA instruction (see :meth:`_dma`)."""
+        self._dma(program, event.opcode, event.kind, event.nbytes, event.hbm_bytes,
+                  event.descriptors, event.queue, event.reads, event.writes,
+                  event.skipped_descriptors)
+
+    def _dma(self, program: int, opcode: str, kind: str, nbytes: int, hbm_bytes: int,
+             descriptors: Any, queue: str | None, reads: tuple[Access, ...],
+             writes: tuple[Access, ...], skipped_descriptors: int = 0) -> None:
         """One DMA instruction: an issue node (hardware DGE queue, or software DGE on GpSimd)
         and a transfer node on the DMA engines its partitions map to.
 
@@ -420,19 +270,18 @@ class Timeline:
         transpose as a share of DMA throughput (``dma_transpose_efficiency``), not as one
         descriptor per element of the permuted order; an address-array access (transpose,
         dynamic offset) into part of a larger SBUF allocation counts its runs within each
-        partition, not one per element.
+        partition, not one per element. ``nbytes < 0``: the bytes written.
 
         ``skipped_descriptors`` (rows an ``oob_mode.skip`` DMA drops) cost like moved ones in
         the descriptor terms (DGE generation and the DMA engines' per-descriptor time) but move
         no bytes: no page says the hardware drops them before generating their descriptors
         (docs/timing.md, "Skipped rows")."""
-        reads, writes = self._take(program, storage_order=not descriptors)
         hw = self.hw
         prog = self.programs[program]
         if nbytes < 0:
             nbytes = sum(a.nbytes for a in writes)
         self.hbm_bytes += int(hbm_bytes)
-        chip = [a for a in writes + reads if a.op.buffer in ("sbuf", "psum")]
+        chip = [a for a in writes + reads if a.buffer in ("sbuf", "psum")]
         if descriptors or skipped_descriptors:
             count = sum((descriptors or {}).values()) + skipped_descriptors
         else:
@@ -450,19 +299,21 @@ class Timeline:
             e0, e1 = 0, min(hw.dma_engines, max(count, 1))
         engines = e1 - e0
         efficiency = 1.0
-        on_chip_dst = any(a.op.buffer == "sbuf" for a in writes)
-        if kind in ("transpose", "indirect_transpose"):
-            sbuf_src = any(a.op.buffer == "sbuf" for a in reads)
+        on_chip_dst = any(a.buffer == "sbuf" for a in writes)
+        if kind in _TRANSPOSE_KINDS:
+            sbuf_src = any(a.buffer == "sbuf" for a in reads)
             efficiency = hw.dma_transpose_sbuf_efficiency if sbuf_src and on_chip_dst \
                 else hw.dma_transpose_efficiency
         elif kind in ("compute", "indirect_rmw"):
-            efficiency = 1.0 if (self.target == "trn3" and on_chip_dst) \
+            efficiency = hw.dma_accumulate_sbuf_efficiency if on_chip_dst \
                 else hw.dma_accumulate_efficiency
         indirect = kind in _INDIRECT_KINDS or queue == "swdge"
         if queue not in ("sync", "act", "swdge"):
             # dge_mode unknown/none: software DGE where only it can (indirect DMAs, dma_compute
             # on NC-v3), else descriptors the compiler prepared ("static"), triggered by Sync.
             queue = "swdge" if indirect else "static"
+        flags = ((DMA_INDIRECT if indirect else 0) | (DMA_TRANSPOSE if kind in _TRANSPOSE_KINDS
+                                                       else 0) | (0 if chip else DMA_NO_CHIP))
         deps, raw, spans = self._deps(program, reads, writes)
         # Transfers of one queue run in order on the DMA engines: waiting for an earlier
         # transfer of the same queue needs no semaphore (no latency).
@@ -490,18 +341,36 @@ class Timeline:
         base = prog.res[f"{queue}:dma0"]
         node, end = self._add(NODE_TRANSFER, program, base + e0, base + e1, const, terms,
                               _P["dma_fixed_latency_ns"], deps | {issue}, opcode, queue,
-                              order=same_queue)
+                              order=same_queue, dma_flags=flags)
         self._update(spans, node, end)
 
     @guarded
-    def barrier(self, program: int) -> None:
+    def on_barrier(self, program: int) -> None:
         """``core_barrier`` of an LNC 2 run: when the last program arrives, one node on every
         resource of every core (a full drain and release)."""
-        prog = self.programs[program]
-        prog.reads, prog.writes = [], []
         self._barrier_arrivals += 1
         if self._barrier_arrivals < self.num_programs:
             return
         self._barrier_arrivals = 0
         self._add(NODE_BARRIER, -1, 0, self.num_resources, 0.0,
                   ((_P["barrier_latency_ns"], 1.0),), -1, set(), "core_barrier")
+
+    # -- the hand-over ---------------------------------------------------------------------------
+    def graph(self) -> TimingGraph:
+        """The recorded graph, frozen for the scheduler."""
+        n = len(self.end)
+        coef = np.zeros((n, len(PARAM_NAMES)))
+        for i, terms in enumerate(self.terms):
+            for p, c in terms:
+                coef[i, p] += c
+        pred_ptr, pred_idx = csr(self.preds)
+        order_ptr, order_idx = csr(self.order)
+        return TimingGraph(
+            target=self.target, num_programs=self.num_programs, core_names=self.core_names,
+            dma_engines=self.hw.dma_engines, kind=np.asarray(self.kind, np.int64),
+            core=np.asarray(self.core, np.int64), res_lo=np.asarray(self.res_lo, np.int64),
+            res_hi=np.asarray(self.res_hi, np.int64), const=np.asarray(self.const, float),
+            coef=coef, lat=np.asarray(self.lat, np.int64),
+            dma_flags=np.asarray(self.dma_flags, np.int64), pred_ptr=pred_ptr,
+            pred_idx=pred_idx, order_ptr=order_ptr, order_idx=order_idx,
+            names=tuple(self.name), queues=tuple(self.queue), hbm_bytes=int(self.hbm_bytes))

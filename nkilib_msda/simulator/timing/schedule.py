@@ -22,23 +22,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from nkilib_msda.simulator.timing.constants import (PARAM_NAMES, hardware_for, param_vector,
-                                                    params_for)
-from nkilib_msda.simulator.timing.recorder import (COMPUTE_ENGINES, NODE_BARRIER,
-                                                   NODE_COMPUTE, NODE_ISSUE, NODE_TRANSFER)
+from nkilib_msda.simulator.timing.constants import (PARAM_INDEX as _P, PARAM_NAMES, hardware_for,
+                                                    param_vector, params_for)
+from nkilib_msda.simulator.timing.graph import (COMPUTE_ENGINES, NODE_BARRIER, NODE_COMPUTE,
+                                                NODE_ISSUE, NODE_TRANSFER, TimingGraph)
 
 __all__ = ["Timing"]
-
-_P = {name: i for i, name in enumerate(PARAM_NAMES)}
-
-
-def _csr(lists: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """Row pointers and indices of a list of index tuples."""
-    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
-    if lists:
-        ptr[1:] = np.cumsum([len(p) for p in lists])
-    idx = np.fromiter((j for p in lists for j in p), dtype=np.int64, count=int(ptr[-1]))
-    return ptr, idx
 
 
 class Timing:
@@ -62,36 +51,29 @@ class Timing:
     - ``evaluate(params)``: re-schedule the recorded graph with some parameters overridden.
     """
 
-    def __init__(self, target: str, num_programs: int, core_names: tuple[str, ...],
-                 kind: np.ndarray, core: np.ndarray, res_lo: np.ndarray, res_hi: np.ndarray,
-                 const: np.ndarray, coef: np.ndarray, lat: np.ndarray,
-                 preds: tuple[np.ndarray, np.ndarray], order: tuple[np.ndarray, np.ndarray],
-                 names: list[str], queues: list[str], hbm_bytes: int) -> None:
-        self._args = (target, num_programs, core_names, kind, core, res_lo, res_hi, const,
-                      coef, lat, preds, order, names, queues, hbm_bytes)
-        self.target = target
-        self.num_programs = num_programs
-        self.core_names = core_names
-        self._kind, self._core = kind, core
-        self._res_lo, self._res_hi = res_lo, res_hi
-        self._const, self._coef, self._lat = const, coef, lat
-        self._pred_ptr, self._pred_idx = preds
-        self._order_ptr, self._order_idx = order
-        self._names, self._queues = names, queues
-        self.hbm_bytes = int(hbm_bytes)
-        self.num_nodes = int(kind.size)
+    def __init__(self, graph: TimingGraph) -> None:
+        self.graph = graph
+        target = self.target = graph.target
+        self.num_programs = graph.num_programs
+        core_names = self.core_names = graph.core_names
+        self._kind, self._core = graph.kind, graph.core
+        self._res_lo, self._res_hi = graph.res_lo, graph.res_hi
+        self._const, self._coef, self._lat = graph.const, graph.coef, graph.lat
+        self._names, self._queues = graph.names, graph.queues
+        self.hbm_bytes = graph.hbm_bytes
+        self.num_nodes = graph.num_nodes
         self.params: dict[str, float] = dict(zip(PARAM_NAMES, param_vector(target)))
         per_core = len(core_names)
         # resource -> (core, DMA engine) slot of the shared-bandwidth bound, -1 for others
-        engines = hardware_for(target).dma_engines
+        engines = graph.dma_engines
         self._slot = [core * engines + int(name.rsplit("dma", 1)[1]) if ":dma" in name else -1
-                      for core in range(num_programs) for name in core_names]
+                      for core in range(self.num_programs) for name in core_names]
         self._track = [name.split(":", 1)[1] if ":dma" in name else name for name in core_names]
-        assert len(self._slot) == per_core * num_programs
+        assert len(self._slot) == per_core * self.num_programs
         # plain lists for the scheduling loop (converted once)
-        self._loop = (res_lo.tolist(), res_hi.tolist(), self._pred_ptr.tolist(),
-                      self._pred_idx.tolist(), self._order_ptr.tolist(),
-                      self._order_idx.tolist(), lat.tolist())
+        self._loop = (graph.res_lo.tolist(), graph.res_hi.tolist(), graph.pred_ptr.tolist(),
+                      graph.pred_idx.tolist(), graph.order_ptr.tolist(),
+                      graph.order_idx.tolist(), graph.lat.tolist())
         nominal = self._run(param_vector(target), trace=True)
         self.estimate_us = nominal["total_ns"] / 1e3
         self.low_us = self._run(param_vector(target, which="low"))["total_ns"] / 1e3
@@ -107,21 +89,13 @@ class Timing:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as the recorded graph: unpickling re-schedules it with this code."""
-        return (Timing, self._args)
+        return (Timing, (self.graph,))
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_timeline(cls, tl: Any) -> "Timing":
-        n = len(tl.end)
-        coef = np.zeros((n, len(PARAM_NAMES)))
-        for i, terms in enumerate(tl.terms):
-            for p, c in terms:
-                coef[i, p] += c
-        return cls(tl.target, tl.num_programs, tl.core_names, np.asarray(tl.kind, np.int64),
-                   np.asarray(tl.core, np.int64), np.asarray(tl.res_lo, np.int64),
-                   np.asarray(tl.res_hi, np.int64), np.asarray(tl.const, float), coef,
-                   np.asarray(tl.lat, np.int64), _csr(tl.preds), _csr(tl.order),
-                   list(tl.name), list(tl.queue), tl.hbm_bytes)
+        """The timing of a finished recording (a :class:`~.recorder.Timeline`)."""
+        return cls(tl.graph())
 
     # -- scheduling --------------------------------------------------------------------------
     def _hbm_ns(self, p: list[float]) -> float:
@@ -139,7 +113,7 @@ class Timing:
         free = [0.0] * (len(self.core_names) * self.num_programs)
         last_on = [-1] * len(free)
         slot = self._slot
-        engine_work = [0.0] * (hardware_for(self.target).dma_engines * self.num_programs)
+        engine_work = [0.0] * (self.graph.dma_engines * self.num_programs)
         start = [0.0] * n
         end = [0.0] * n
         bind = [-1] * n  # the node whose end decided this node's start (trace only)
@@ -267,7 +241,6 @@ class Timing:
         return out
 
     def _lower_bound(self, p: list[float]) -> float:
-        hw = hardware_for(self.target)
         pv = np.asarray(p)
         floor = p[_P["launch_floor_us"]] * 1e3
         best = self._hbm_ns(p)
@@ -279,8 +252,9 @@ class Timing:
         for core in range(self.num_programs):
             sel = (self._core == core) & transfer
             # bytes over the bandwidth of all 16 DMA engines; descriptors x per-descriptor cost
-            best = max(best, float((self._const[sel] * width[sel]).sum()) / hw.dma_engines)
-            best = max(best, float((self._coef[sel] @ pv * width[sel]).sum()) / hw.dma_engines)
+            engines = self.graph.dma_engines
+            best = max(best, float((self._const[sel] * width[sel]).sum()) / engines)
+            best = max(best, float((self._coef[sel] @ pv * width[sel]).sum()) / engines)
         return floor + best
 
     # -- public ------------------------------------------------------------------------------
