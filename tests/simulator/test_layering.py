@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     ("instruction events", {"access_geometry", "events"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
-    ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.graph",
+    ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.graph", "timing.calibrated", "timing.fingerprint",
                       "timing.recorder", "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),

@@ -19,12 +19,14 @@ guides state them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Mapping
 
 from nkilib_msda.hardware import DMA_ENGINES, PARTITIONS_PER_DMA_ENGINE
+from nkilib_msda.simulator.timing import calibrated
 
 __all__ = ["Param", "Hardware", "HARDWARE", "PARAMS", "PARAM_NAMES", "PARAM_INDEX", "SOURCES",
-           "hardware_for", "params_for", "nominal_params", "param_vector"]
+           "hardware_for", "params_for", "nominal_params", "param_vector", "build_params"]
 
 _DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
 _ISA_226 = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.26.0/general/nki/api/generated"
@@ -216,8 +218,25 @@ def _params(hwdge_ns: float) -> tuple[Param, ...]:
     )
 
 
-PARAMS: dict[str, tuple[Param, ...]] = {name: _params(hw.hwdge_instruction_ns)
-                                        for name, hw in HARDWARE.items()}
+def build_params(target: str, calibration_dir: Path | None = None) -> tuple[Param, ...]:
+    """The unknowns of ``target``: the documented ranges above, with the nominal values of
+    the target's calibration data file where one was adopted (:mod:`.calibrated`;
+    ``calibration_dir``: another folder of data files, for tests)."""
+    params = _params(HARDWARE[target].hwdge_instruction_ns)
+    data = calibrated.load(target, calibration_dir)
+    if data is None or not data.nominals:
+        return params
+    names = {p.name for p in params}
+    unknown = sorted(set(data.nominals) - names)
+    if unknown:
+        raise ValueError(f"calibration data of {target}: unknown parameters {unknown}; expected "
+                         f"names from {sorted(names)}")
+    # Param checks low <= nominal <= high: a fitted value outside its range is rejected
+    return tuple(replace(p, nominal=data.nominals[p.name]) if p.name in data.nominals else p
+                 for p in params)
+
+
+PARAMS: dict[str, tuple[Param, ...]] = {name: build_params(name) for name in HARDWARE}
 PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS["trn2"])
 PARAM_INDEX: dict[str, int] = {name: i for i, name in enumerate(PARAM_NAMES)}
 

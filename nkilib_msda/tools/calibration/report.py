@@ -1,0 +1,58 @@
+"""The calibration table: recorded versus modelled time per record, never showing a time
+recorded by another timing model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nkilib_msda.simulator.timing.fingerprint import graph_hash
+from nkilib_msda.tools.calibration.records import (FAMILIES, PS_PER_US, Row, config_text,
+                                                   kernel_commit)
+from nkilib_msda.tools.calibration.references import lnc_of
+
+__all__ = ["print_table"]
+
+
+def print_table(rows: list[Row], cache: dict[str, Any], checkout: Path, markdown: bool,
+                fitted: dict[str, Any] | None = None) -> None:
+    """Recorded versus modelled time per record (plain columns, or a markdown table)."""
+    head = ["kernel", "set", "config", "LNC", "recorded", "rec µs", "est µs", "low µs",
+            "high µs", "ratio", "fitted µs", "fitted ratio", "run", "record note", "commit"]
+    fitted_us = (fitted or {}).get("fitted_us", {})
+    model = graph_hash()
+    lines = []
+    for r, d, scope, why in rows:
+        e = cache.get(r.key(), {})
+        if not scope or (d.recorded_ps is None and not e):
+            continue  # out of scope, or nothing recorded and nothing run
+        if e.get("status") == "ran" and e.get("model") != model:  # never show stale times
+            e = {"status": "not run", "reason": "graph of another timing model (stale)"}
+        rec_us = d.recorded_ps / PS_PER_US if d.recorded_ps else None
+        est = e.get("estimate_us")
+        ratio = est / rec_us if est and rec_us else None
+        fit_us = fitted_us.get(r.key())
+        fit_ratio = fit_us / rec_us if fit_us and rec_us else None
+        run = e.get("status", "-")
+        if run == "ran":
+            run = "match" if e.get("match") else f"MISMATCH ({e.get('worst_rel_err', 0):.2g})"
+        fmt = lambda x: "-" if x is None else f"{x:,.1f}"  # noqa: E731
+        if run in ("error", "timeout", "not run"):
+            run = f"{run}: {e.get('reason', '')}"[:90].replace("|", "/")
+        lines.append([r.kernel, FAMILIES[r.kernel].set_name, config_text(r),
+                      str(lnc_of(r.values)),
+                      "-" if d.recorded_ps is None else f"{d.recorded_ps:,}", fmt(rec_us),
+                      fmt(est), fmt(e.get("low_us")), fmt(e.get("high_us")),
+                      "-" if ratio is None else f"{ratio:.2f}", fmt(fit_us),
+                      "-" if fit_ratio is None else f"{fit_ratio:.2f}", run,
+                      "; ".join(x for x in (d.note, FAMILIES[r.kernel].note) if x)
+                      + ("" if d.use_in_fit else " (not fitted)"),
+                      e.get("commit", kernel_commit(checkout, FAMILIES[r.kernel].kernel_file))[:10]])
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+    else:
+        for ln in [head] + lines:
+            print("  ".join(ln))
