@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("instruction events", {"access_geometry", "events"}),
     ("dtypes/targets", {"dtypes", "targets", "report", "unmodelled", "compiler"}),
     ("timing model", {"timing", "timing.guard", "timing.constants", "timing.costs", "timing.graph", "timing.calibrated", "timing.fingerprint",
+                      "timing.scenarios",
                       "timing.recorder", "timing.schedule"}),
     ("memory", {"memory"}),
     ("context", {"context"}),

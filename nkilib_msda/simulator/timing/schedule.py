@@ -26,6 +26,7 @@ from nkilib_msda.simulator.timing.constants import (PARAM_INDEX as _P, PARAM_NAM
                                                     param_vector, params_for)
 from nkilib_msda.simulator.timing.graph import (COMPUTE_ENGINES, NODE_BARRIER, NODE_COMPUTE,
                                                 NODE_ISSUE, NODE_TRANSFER, TimingGraph)
+from nkilib_msda.simulator.timing.scenarios import NOMINAL, Scenarios
 
 __all__ = ["Timing"]
 
@@ -48,11 +49,23 @@ class Timing:
       bytes over all DMA engines' bandwidth, descriptors times the per-descriptor cost over
       the DMA engines, and the HBM time (nominal parameters, per core);
     - ``critical_path_us``: the critical path's time by category (as ``bound_by``);
-    - ``evaluate(params)``: re-schedule the recorded graph with some parameters overridden.
+    - ``evaluate(params)``: re-schedule the recorded graph with some parameters overridden;
+    - ``scenario``: the name of this timing's scenario (``"nominal/nominal"`` for
+      ``report.timing``); ``scenarios``: every scenario's timing, by name (built on first
+      access from the recorded graph; see :mod:`.scenarios`).
+
+    ``graph``: the graph to schedule (already re-mapped to the scenario's structure);
+    ``pinned``: parameters fixed by the scenario (the band varies the others); ``recorded``:
+    the graph as recorded (default ``graph``), from which ``scenarios`` are derived.
     """
 
-    def __init__(self, graph: TimingGraph) -> None:
+    def __init__(self, graph: TimingGraph, pinned: Mapping[str, float] | None = None,
+                 scenario: str = NOMINAL, recorded: TimingGraph | None = None) -> None:
         self.graph = graph
+        self.scenario = scenario
+        self.pinned = dict(pinned or {})
+        self._recorded = recorded if recorded is not None else graph
+        self._scenarios: Scenarios[Timing] | None = None
         target = self.target = graph.target
         self.num_programs = graph.num_programs
         core_names = self.core_names = graph.core_names
@@ -62,7 +75,8 @@ class Timing:
         self._names, self._queues = graph.names, graph.queues
         self.hbm_bytes = graph.hbm_bytes
         self.num_nodes = graph.num_nodes
-        self.params: dict[str, float] = dict(zip(PARAM_NAMES, param_vector(target)))
+        nominal_p = param_vector(target, self.pinned)
+        self.params: dict[str, float] = dict(zip(PARAM_NAMES, nominal_p))
         per_core = len(core_names)
         # resource -> (core, DMA engine) slot of the shared-bandwidth bound, -1 for others
         engines = graph.dma_engines
@@ -74,22 +88,22 @@ class Timing:
         self._loop = (graph.res_lo.tolist(), graph.res_hi.tolist(), graph.pred_ptr.tolist(),
                       graph.pred_idx.tolist(), graph.order_ptr.tolist(),
                       graph.order_idx.tolist(), graph.lat.tolist())
-        nominal = self._run(param_vector(target), trace=True)
+        nominal = self._run(nominal_p, trace=True)
         self.estimate_us = nominal["total_ns"] / 1e3
-        self.low_us = self._run(param_vector(target, which="low"))["total_ns"] / 1e3
-        self.high_us = self._run(param_vector(target, which="high"))["total_ns"] / 1e3
+        self.low_us = self._run(param_vector(target, self.pinned, "low"))["total_ns"] / 1e3
+        self.high_us = self._run(param_vector(target, self.pinned, "high"))["total_ns"] / 1e3
         self._start, self._end, self._dur = nominal["start"], nominal["end"], nominal["dur"]
         self.makespan_us = nominal["makespan_ns"] / 1e3
         self.hbm_us = nominal["hbm_ns"] / 1e3
         self.dma_engine_us = nominal["dma_engine_ns"] / 1e3  # busiest DMA engine, all queues
         self.critical_path_us = {k: v / 1e3 for k, v in nominal["critical"].items()}
         self.engine_busy_us = self._busy()
-        self.lower_bound_us = self._lower_bound(param_vector(target)) / 1e3
+        self.lower_bound_us = self._lower_bound(nominal_p) / 1e3
         self.bound_by = self._bound_by(nominal)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as the recorded graph: unpickling re-schedules it with this code."""
-        return (Timing, (self.graph,))
+        return (Timing, (self.graph, self.pinned, self.scenario, self._recorded))
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -259,13 +273,26 @@ class Timing:
 
     # -- public ------------------------------------------------------------------------------
     def evaluate(self, params: Mapping[str, float] | None = None) -> float:
-        """Modelled µs of the recorded graph with ``params`` (by name) overriding the nominal
-        values; the kernel is not re-run."""
-        return self._run(param_vector(self.target, params))["total_ns"] / 1e3
+        """Modelled µs of the recorded graph with ``params`` (by name) overriding this
+        scenario's nominal values; the kernel is not re-run."""
+        return self._run(param_vector(self.target, {**self.pinned, **(params or {})}))[
+            "total_ns"] / 1e3
 
     def lower_bound(self, params: Mapping[str, float] | None = None) -> float:
-        """``lower_bound_us`` for ``params`` (by name) overriding the nominal values."""
-        return self._lower_bound(param_vector(self.target, params)) / 1e3
+        """``lower_bound_us`` for ``params`` (by name) overriding this scenario's nominal
+        values."""
+        return self._lower_bound(param_vector(self.target, {**self.pinned, **(params or {})})
+                                 ) / 1e3
+
+    @property
+    def scenarios(self) -> Scenarios["Timing"]:
+        """Every scenario's timing by name (``"<structure>/<parameters>"``, see
+        :mod:`.scenarios`); each is scheduled on first access."""
+        if self._scenarios is None:
+            recorded = self._recorded
+            self._scenarios = Scenarios(
+                recorded, lambda g, pinned, name: Timing(g, pinned, name, recorded))
+        return self._scenarios
 
     def ranges(self) -> dict[str, tuple[float, float, float]]:
         """The unknown parameters' (low, nominal, high) for this target."""
@@ -319,7 +346,8 @@ class Timing:
         Path(path).write_text(json.dumps(doc))
 
     def summary(self) -> str:
-        return (f"modelled time {self.estimate_us:,.1f} us (band {self.low_us:,.1f} .. "
+        where = "" if self.scenario == NOMINAL else f"scenario {self.scenario}; "
+        return (f"{where}modelled time {self.estimate_us:,.1f} us (band {self.low_us:,.1f} .. "
                 f"{self.high_us:,.1f} us; bound by {self.bound_by}; lower bound "
                 f"{self.lower_bound_us:,.1f} us; target {self.target}, {self.num_programs} "
                 f"core(s), launch floor included)")
