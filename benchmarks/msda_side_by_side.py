@@ -4,15 +4,25 @@ Runs every (kernel, direction, shape, LNC) in the emulator, one subprocess each 
 wall time and peak memory are its own), checks every output against the float64 reference,
 caches the results as JSON (data only) and prints markdown tables:
 
-1. the side by side: modelled estimate [low-high] of ours and AWS's, ours/AWS, the modelled lower
-   bound and what bounds each kernel, and a ranking stated only where it holds at both ends of
-   the bands (``ours.high < aws.low`` or the reverse), otherwise "overlap"; with a saved
+1. the side by side: modelled estimate [low-high] of ours and AWS's, ours/AWS, the **robust
+   ratio** (the worst paired ours/AWS over the timing model's nine scenarios and their band
+   corners, both kernels at the same scenario and corner; docs/timing.md, "Scenarios") and the
+   scenario where it is worst, the modelled lower bound and what bounds each kernel, and a
+   ranking stated only where it holds at both ends of the bands (``ours.high < aws.low`` or
+   the reverse), otherwise "overlap"; with a saved
    baseline (``--save-baseline``: our cached runs' timing, kept under ``"baseline"`` in the
    JSON before our kernels change; an entry's optional ``"note"``, such as "stale", is shown
    next to its time), ours before next to ours now;
 2. what bounds each kernel: engine busy times (instruction counts where the timing model is
    absent), indirect-DMA descriptor counts and mean sizes, HBM bytes, DMA queue occupancy where
    the timing model exposes it.
+
+Every run record keeps the timing model's hash (``model_hash``:
+:func:`nkilib_msda.simulator.timing.fingerprint.model_hash`, over every source of the timing
+model and its calibration data) and the SHA-256 of the kernel's source (``kernel_sha256``: AWS's
+kernel file; ours: every file of our MSDA kernel folder and ``kernel_commons.py``). A ratio is
+printed only for two rows of the same model hash ("models differ" otherwise), and a cached row
+of another model is re-run.
 
 AWS's kernels are imported from an nki-library checkout (``--nki-library PATH``; its
 ``src/nkilib_src`` or ``nkilib_src`` directory) and run unchanged through
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import subprocess
@@ -41,6 +52,9 @@ from typing import Any
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
+from nkilib_msda.simulator.timing.fingerprint import model_hash  # noqa: E402
+from nkilib_msda.simulator.timing.scenarios import SCENARIOS as SCENARIO_NAMES  # noqa: E402
+from nkilib_msda.simulator.timing.scenarios import robust_ratio  # noqa: E402
 from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SHAPES  # noqa: E402
 
 # nki-library's MSDA test shapes, named workloads of the package.
@@ -90,6 +104,30 @@ def _load_kernel(kernel: str, direction: str, nki_library: str | None) -> Any:
     return getattr(importlib.import_module(f"{AWS_MODULE}.{name}"), name)
 
 
+def kernel_files(kernel: str, direction: str, nki_library: str | None) -> list[Path]:
+    """The source files a kernel's checksum covers: AWS's kernel file, or every file of our
+    MSDA kernel folder (kernels, emission helpers, planners) and ``kernel_commons.py``."""
+    if kernel == "aws":
+        if nki_library is None:
+            raise ValueError("kernel 'aws' needs --nki-library PATH")
+        name = "ms_deformable_attention" if direction == "fwd" else "ms_deformable_attention_bwd"
+        return [aws_source_dir(nki_library) / Path(*AWS_MODULE.split(".")) / f"{name}.py"]
+    import nkilib_msda.experimental as experimental
+    root = Path(experimental.__file__).parent
+    return sorted((root / "deformable_attention").rglob("*.py")) + [root / "kernel_commons.py"]
+
+
+def kernel_sha256(paths: list[Path]) -> str:
+    """SHA-256 of one file, or of the files' (name, bytes) in order."""
+    if len(paths) == 1:
+        return hashlib.sha256(paths[0].read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def _timing_fields(report: Any) -> dict[str, Any] | None:
     """The timing model's numbers from a CostReport, or None when the emulator has none."""
     timing = getattr(report, "timing", None)
@@ -104,6 +142,11 @@ def _timing_fields(report: Any) -> dict[str, Any] | None:
     for name in ("makespan_us", "hbm_us"):
         if getattr(timing, name, None) is not None:
             out[name] = float(getattr(timing, name))
+    scenarios = getattr(timing, "scenarios", None)
+    if scenarios is not None:
+        out["scenarios"] = {name: {"estimate_us": float(s.estimate_us), "low_us": float(s.low_us),
+                                   "high_us": float(s.high_us), "bound_by": str(s.bound_by)}
+                            for name, s in scenarios.items()}
     return out
 
 
@@ -136,7 +179,10 @@ def run_one(kernel: str, direction: str, shape: str, lnc: int, nki_library: str 
     case = SHAPES[shape]
     args = make_inputs(case, seed=seed)
     fn = _load_kernel(kernel, direction, nki_library)
-    record: dict[str, Any] = {"kernel": kernel, "direction": direction, "shape": shape, "lnc": lnc}
+    record: dict[str, Any] = {"kernel": kernel, "direction": direction, "shape": shape, "lnc": lnc,
+                              "model_hash": model_hash(),
+                              "kernel_sha256": kernel_sha256(kernel_files(kernel, direction,
+                                                                          nki_library))}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -208,13 +254,15 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.json)
     results = load_results(path)
     todo = []
+    model = model_hash()
     for shape in args.shapes:
         for direction in args.directions:
             for lnc in args.lnc:
                 for kernel in args.kernels:
                     key = run_key(kernel, direction, shape, lnc)
                     cached = results["runs"].get(key, {})
-                    stale = cached.get("status") != "ok" or (args.need_timing and not cached.get("timing"))
+                    stale = (cached.get("status") != "ok" or cached.get("model_hash") != model
+                             or (args.need_timing and not cached.get("timing")))
                     if args.force or stale:
                         todo.append((key, kernel, direction, shape, lnc))
     base = [sys.executable, str(Path(__file__).resolve())]
@@ -308,6 +356,36 @@ def _timing(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return record.get("timing")
 
 
+def same_model(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> bool:
+    """Both rows were modelled by one timing model (equal, recorded model hashes)."""
+    return bool(ours and aws and ours.get("model_hash") and
+                ours.get("model_hash") == aws.get("model_hash"))
+
+
+def ratio_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
+    """Nominal ours/AWS; "models differ" for rows of two timing models; "-" without timing."""
+    to, ta = _timing(ours), _timing(aws)
+    if not to or not ta:
+        return "-"
+    if not same_model(ours, aws):
+        return "models differ"
+    return f"{to['estimate_us'] / ta['estimate_us']:.2f}"
+
+
+def robust_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
+    """The robust ratio and where it is worst ("0.97 (spread/nominal, low)"); see ratio_text."""
+    to, ta = _timing(ours), _timing(aws)
+    if not to or not ta:
+        return "-"
+    if not same_model(ours, aws):
+        return "models differ"
+    worst = robust_ratio(to.get("scenarios") or {}, ta.get("scenarios") or {})
+    if worst is None:
+        return "-"
+    ratio, scenario, corner = worst
+    return f"{ratio:.2f} ({scenario}, {corner})"
+
+
 def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                        directions: list[str] = list(DIRECTIONS),
                        kernels: list[str] = list(KERNELS),
@@ -317,16 +395,16 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
     both kernels' modelled bands, ratio, ratio to the lower bound and ranking."""
     baseline = baseline or {}
     lines = ["| shape | dir | LNC | ours before µs | ours µs [low–high] | AWS µs [low–high] "
-             "| ours/AWS | ranking | lower bound µs ours / AWS | ours / lower bound "
-             "| bound by ours / AWS | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours/AWS | robust ours/AWS (worst scenario, corner) | ranking "
+             "| lower bound µs ours / AWS | ours / lower bound | bound by ours / AWS | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
             for lnc in lncs:
                 ours = runs.get(run_key("ours", direction, shape, lnc))
                 aws = runs.get(run_key("aws", direction, shape, lnc))
                 to, ta = _timing(ours), _timing(aws)
-                ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
+                ratio, robust = ratio_text(ours, aws), robust_text(ours, aws)
                 lb = " / ".join(_fmt_us(t["lower_bound_us"]) if t and t.get("lower_bound_us")
                                 is not None else "-" for t in (to, ta))
                 to_lb = (f"{to['estimate_us'] / to['lower_bound_us']:.2f}"
@@ -336,9 +414,11 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                 notes = "; ".join(f"{who}: {_status_note(r)}" for who, kernel, r in
                                   (("ours", "ours", ours), ("AWS", "aws", aws))
                                   if kernel in kernels and _status_note(r))
+                ranking = rank(to, ta) if same_model(ours, aws) or not (to and ta) \
+                    else "models differ"
                 lines.append(f"| {shape} | {direction} | {lnc} | {before_text} | {_fmt_band(to)} "
-                             f"| {_fmt_band(ta)} | {ratio} | {rank(to, ta)} | {lb} | {to_lb} "
-                             f"| {bound} | {notes} |")
+                             f"| {_fmt_band(ta)} | {ratio} | {robust} | {ranking} | {lb} "
+                             f"| {to_lb} | {bound} | {notes} |")
     return "\n".join(lines)
 
 
@@ -349,8 +429,8 @@ def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
     ours and AWS's, and the ranking."""
     baseline = baseline or {}
     lines = [f"| shape | dir | ours before µs (LNC {lnc}) | ours µs | AWS µs | ours/AWS "
-             "| ranking over the band |",
-             "|---|---|---|---|---|---|---|"]
+             "| robust ours/AWS | ranking over the band |",
+             "|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
             ours = runs.get(run_key("ours", direction, shape, lnc))
@@ -363,10 +443,12 @@ def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
                 note = _status_note(record)
                 text = _fmt_us(t["estimate_us"]) if t else "-"
                 cells.append(text + (" (wrong result)" if note.startswith("WRONG") else ""))
-            ratio = f"{to['estimate_us'] / ta['estimate_us']:.2f}" if to and ta else "-"
+            ratio = ratio_text(ours, aws)
+            robust = robust_text(ours, aws).split(" (")[0]
+            ranking = rank(to, ta) if same_model(ours, aws) or not (to and ta) else "models differ"
             before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
             lines.append(f"| {shape} | {direction} | {before_text} | {cells[0]} | {cells[1]} "
-                         f"| {ratio} | {rank(to, ta)} |")
+                         f"| {ratio} | {robust} | {ranking} |")
     return "\n".join(lines)
 
 
@@ -454,8 +536,11 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
     runs = results.get("runs", {})
     meta = results.get("meta", {})
     baseline = results.get("baseline", {})
+    models = sorted({r.get("model_hash") or "none" for k, r in runs.items()
+                     if k.split("/")[2] in shapes and r.get("status") == "ok"})
     out = [f"Modelled Trn2 time (µs), emulator commit {meta.get('commit', '?')}, "
-           f"{meta.get('date', '?')}: `{meta.get('command', '')}`", "",
+           f"{meta.get('date', '?')}: `{meta.get('command', '')}`; timing model hash of the rows: "
+           f"{', '.join(models) or '-'} (current {model_hash()})", "",
            side_by_side_table(runs, shapes, lncs, directions, kernels, baseline), "",
            bounds_table(runs, shapes, lncs, kernels, directions)]
     if 2 in lncs:

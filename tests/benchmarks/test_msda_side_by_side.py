@@ -37,16 +37,18 @@ UPSTREAM_SHAPES = {
 }
 
 
-def _timing(est, low, high, lb=None, bound="dma"):
+def _timing(est, low, high, lb=None, bound="dma", scenarios=None):
     return {"estimate_us": est, "low_us": low, "high_us": high, "lower_bound_us": lb,
-            "bound_by": bound, "engine_busy_us": {"vector": est / 2, "gpsimd": est / 4}}
+            "bound_by": bound, "engine_busy_us": {"vector": est / 2, "gpsimd": est / 4},
+            "scenarios": scenarios or {"nominal/nominal": {"estimate_us": est, "low_us": low,
+                                                           "high_us": high, "bound_by": bound}}}
 
 
-def _record(kernel, direction, shape, lnc, timing, correct=True, status="ok"):
+def _record(kernel, direction, shape, lnc, timing, correct=True, status="ok", model="m1"):
     errors = {"output": {"max_rel": 1e-3 if correct else 0.5, "rel_l2": 1e-3, "tolerance": 1e-2,
                          "ok": correct}}
     return {"kernel": kernel, "direction": direction, "shape": shape, "lnc": lnc, "status": status,
-            "timing": timing, "correct": correct, "errors": errors, "emulator_wall_s": 1.0,
+            "timing": timing, "correct": correct, "model_hash": model, "errors": errors, "emulator_wall_s": 1.0,
             "counts": {"instructions": {"vector": 10, "gpsimd": 2}, "dma_hbm_bytes": 2_000_000,
                        "dma": {"indirect_transpose": {"instructions": 4, "descriptors": 1000,
                                                       "descriptor_bytes": 64_000, "hbm_bytes": 1}}}}
@@ -100,6 +102,7 @@ def test_side_by_side_table_ratio_ranking_and_flags():
     fwd = rows[("basic", "fwd", "1")]
     assert "50.0 [40.0–60.0]" in fwd and "200 [150–300]" in fwd
     assert "| 0.25 |" in fwd and "| ours faster |" in fwd and "30.0 / 90.0" in fwd
+    assert "| 0.27 (nominal/nominal, low) |" in fwd           # worst paired corner: 40 / 150
     assert "| 1.67 |" in fwd                                   # ours / its lower bound
     assert fwd.split("|")[4].strip() == "-"                     # no baseline: no "before"
     with_before = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"],
@@ -144,7 +147,7 @@ def test_compact_table_one_lnc():
             sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(1, 1, 1))}
     lines = sbs.compact_table(runs, ["basic"], 2, ["fwd", "bwd"]).splitlines()
     assert len(lines) == 3  # header, rule, one row (no bwd data)
-    assert lines[2] == "| basic | fwd | - | 40.0 | 160 (wrong result) | 0.25 | overlap |"
+    assert lines[2] == "| basic | fwd | - | 40.0 | 160 (wrong result) | 0.25 | 0.67 | overlap |"
 
 
 def test_estimated_wall_time_of_a_missing_run_scales_with_samples():
@@ -183,4 +186,66 @@ def test_save_baseline_keeps_ours_timing_for_the_before_column(tmp_path, capsys)
     sbs.main(["--table-only", "--json", str(path), "--shapes", "basic", "--lnc", "2",
               "--directions", "fwd"])
     out = capsys.readouterr().out
-    assert "| basic | fwd | 80.0 | 40.0 | 160 | 0.25 | overlap |" in out
+    assert "| basic | fwd | 80.0 | 40.0 | 160 | 0.25 | 0.67 | overlap |" in out
+
+
+def _scenarios(rng, n=9):
+    """Random scenario timings (estimate inside its band) for the first ``n`` scenarios."""
+    out = {}
+    for name in sbs.SCENARIO_NAMES[:n]:
+        low = float(rng.uniform(10, 100))
+        est = low * float(rng.uniform(1, 3))
+        out[name] = {"estimate_us": est, "low_us": low, "high_us": est * float(rng.uniform(1, 3)),
+                     "bound_by": "dma"}
+    return out
+
+
+def test_the_robust_ratio_is_the_worst_paired_scenario_and_corner():
+    import numpy as np
+    rng = np.random.default_rng()
+    ours, aws = _scenarios(rng), _scenarios(rng)
+    expected = max((ours[s][k] / aws[s][k], s, c) for s in ours
+                   for c, k in (("low", "low_us"), ("nominal", "estimate_us"), ("high", "high_us")))
+    runs = {sbs.run_key("ours", "fwd", "basic", 2): _record(
+                "ours", "fwd", "basic", 2, _timing(**_nominal(ours), scenarios=ours)),
+            sbs.run_key("aws", "fwd", "basic", 2): _record(
+                "aws", "fwd", "basic", 2, _timing(**_nominal(aws), scenarios=aws))}
+    text = sbs.robust_text(runs["ours/fwd/basic/lnc2"], runs["aws/fwd/basic/lnc2"])
+    assert text == f"{expected[0]:.2f} ({expected[1]}, {expected[2]})"
+    # a scenario only one side has is not paired
+    del aws[expected[1]]
+    rest = max((ours[s][k] / aws[s][k], s) for s in aws for k in ("low_us", "estimate_us", "high_us"))
+    text = sbs.robust_text(runs["ours/fwd/basic/lnc2"], runs["aws/fwd/basic/lnc2"])
+    assert text.startswith(f"{rest[0]:.2f} ({rest[1]},")
+
+
+def _nominal(scenarios):
+    s = scenarios["nominal/nominal"]
+    return {"est": s["estimate_us"], "low": s["low_us"], "high": s["high_us"]}
+
+
+def test_no_ratio_from_rows_of_two_timing_models():
+    runs = {sbs.run_key("ours", "fwd", "basic", 2): _record("ours", "fwd", "basic", 2, _timing(40, 30, 50)),
+            sbs.run_key("aws", "fwd", "basic", 2): _record("aws", "fwd", "basic", 2, _timing(160, 120, 300),
+                                                         model="m2")}
+    table = sbs.side_by_side_table(runs, ["basic"], [2], ["fwd"])
+    row = table.splitlines()[2]
+    assert row.count("models differ") == 3 and "0.25" not in row  # ratio, robust ratio, ranking
+    compact = sbs.compact_table(runs, ["basic"], 2, ["fwd"]).splitlines()[2]
+    assert compact.count("models differ") == 3
+    runs["ours/fwd/basic/lnc2"].pop("model_hash")  # a row cached before hashes were kept
+    assert sbs.ratio_text(runs["ours/fwd/basic/lnc2"], runs["aws/fwd/basic/lnc2"]) == "models differ"
+
+
+def test_a_run_records_the_model_hash_and_the_kernel_checksum(tmp_path):
+    from nkilib_msda.simulator.timing.fingerprint import model_hash
+    files = sbs.kernel_files("ours", "fwd", None)
+    names = {p.name for p in files}
+    assert {"ms_deformable_attention.py", "ms_deformable_attention_bwd.py",
+            "kernel_commons.py"} <= names
+    digest = sbs.kernel_sha256(files)
+    (tmp_path / "k.py").write_text("x = 1\n")
+    one = sbs.kernel_sha256([tmp_path / "k.py"])
+    import hashlib
+    assert one == hashlib.sha256(b"x = 1\n").hexdigest() and digest != one
+    assert len(model_hash()) == 12

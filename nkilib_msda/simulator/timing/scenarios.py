@@ -35,7 +35,7 @@ from nkilib_msda.simulator.timing.constants import params_for
 from nkilib_msda.simulator.timing.graph import NODE_TRANSFER, TimingGraph
 
 __all__ = ["STRUCTURES", "PARAMETER_SETS", "SCENARIOS", "NOMINAL", "restructure",
-           "pinned_params", "split_name", "Scenarios"]
+           "pinned_params", "split_name", "Scenarios", "robust_ratio"]
 
 STRUCTURES = ("nominal", "spread", "serial")
 PARAMETER_SETS = ("nominal", "swdge-bound", "descriptor-bound")
@@ -128,3 +128,24 @@ class Scenarios(Mapping[str, _T]):
 
     def __len__(self) -> int:
         return len(SCENARIOS)
+
+
+_CORNERS = (("low", "low_us"), ("nominal", "estimate_us"), ("high", "high_us"))
+
+
+def robust_ratio(ours: Mapping[str, Mapping[str, float]], theirs: Mapping[str, Mapping[str, float]]
+                 ) -> tuple[float, str, str] | None:
+    """The worst paired ratio ``ours / theirs`` over every scenario both have and every band
+    corner (low, nominal, high), each taken with both kernels at the same scenario and
+    corner: ``(ratio, scenario, corner)``; None when they share no scenario. The inputs map
+    scenario names to ``{"estimate_us", "low_us", "high_us"}`` (``Timing.scenarios`` as
+    cached data)."""
+    worst: tuple[float, str, str] | None = None
+    for name in SCENARIOS:
+        if name not in ours or name not in theirs:
+            continue
+        for corner, key in _CORNERS:
+            ratio = float(ours[name][key]) / float(theirs[name][key])
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, name, corner)
+    return worst

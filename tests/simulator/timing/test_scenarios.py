@@ -176,3 +176,17 @@ def test_an_unknown_scenario_is_a_key_error_naming_the_choices():
     t = _timing(lambda h: store(load(h)), RNG.standard_normal((4, 8)).astype(np.float32))
     with pytest.raises(KeyError, match="spread/nominal"):
         t.scenarios["spread/everything"]
+
+
+def test_the_robust_ratio_pairs_scenarios_and_corners():
+    from nkilib_msda.simulator.timing.scenarios import robust_ratio
+
+    def band(est, low, high):
+        return {"estimate_us": est, "low_us": low, "high_us": high}
+
+    ours = {"nominal/nominal": band(10, 5, 20), "spread/nominal": band(30, 20, 40)}
+    theirs = {"nominal/nominal": band(40, 10, 80), "spread/nominal": band(31, 21, 60),
+              "serial/nominal": band(1, 1, 1)}
+    # paired: nominal 0.25 / 0.5 / 0.25; spread 0.97 / 0.95 / 0.67; serial has no pair
+    assert robust_ratio(ours, theirs) == (30 / 31, "spread/nominal", "nominal")
+    assert robust_ratio(ours, {"serial/nominal": band(1, 1, 1)}) is None
