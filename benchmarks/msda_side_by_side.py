@@ -53,7 +53,6 @@ from typing import Any
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
 from nkilib_msda.simulator.timing.fingerprint import model_hash  # noqa: E402
-from nkilib_msda.simulator.timing.scenarios import SCENARIOS as SCENARIO_NAMES  # noqa: E402
 from nkilib_msda.simulator.timing.scenarios import robust_ratio  # noqa: E402
 from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SHAPES  # noqa: E402
 
