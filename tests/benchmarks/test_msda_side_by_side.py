@@ -192,7 +192,8 @@ def test_save_baseline_keeps_ours_timing_for_the_before_column(tmp_path, capsys)
 def _scenarios(rng, n=9):
     """Random scenario timings (estimate inside its band) for the first ``n`` scenarios."""
     out = {}
-    for name in sbs.SCENARIO_NAMES[:n]:
+    from nkilib_msda.simulator.timing.scenarios import SCENARIOS
+    for name in SCENARIOS[:n]:
         low = float(rng.uniform(10, 100))
         est = low * float(rng.uniform(1, 3))
         out[name] = {"estimate_us": est, "low_us": low, "high_us": est * float(rng.uniform(1, 3)),
