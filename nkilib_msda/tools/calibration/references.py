@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from nkilib_msda.hardware import PARTITIONS
 from nkilib_msda.tools.calibration.records import sym
 
 __all__ = ["BUILDERS", "lnc_of"]
@@ -165,7 +166,7 @@ def _run_mlp_tkg(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callabl
             m = act(g) * u
         d = f(down)
         if kw.get("use_tkg_down_proj_optimized_layout"):
-            d = d.reshape(I, lnc, H // 128 // lnc, 128).transpose(0, 1, 3, 2).reshape(I, H)
+            d = d.reshape(I, lnc, H // PARTITIONS // lnc, PARTITIONS).transpose(0, 1, 3, 2).reshape(I, H)
         y = m @ d + (f(t["down_proj_bias_tensor"]) if "down_proj_bias_tensor" in t else 0.0)
         outs = out if isinstance(out, (list, tuple)) else [out]
         ok, worst = _close(outs[0], y)

@@ -1,5 +1,5 @@
 """Running the calibration records through the emulator: one configuration per subprocess
-(``python -m nkilib_msda.tools.calibration.runner CHECKOUT PAYLOAD``), results in a JSON cache
+(``_main(CHECKOUT, PAYLOAD)`` in a fresh interpreter), results in a JSON cache
 (data only) and the recorded timing graphs pickled beside it. A cached result is re-used only
 under the same kernel commit and the same graph hash
 (:func:`nkilib_msda.simulator.timing.fingerprint.graph_hash`)."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pickle
 import subprocess
 import sys
@@ -24,6 +23,10 @@ from nkilib_msda.tools.calibration.references import BUILDERS, lnc_of
 __all__ = ["run_one", "run_records", "graph_file", "load_cache", "save_cache"]
 
 _PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the folder holding nkilib_msda/
+# The child imports this very package (not another installed copy) and runs one record.
+_CHILD = (f"import sys; sys.path.insert(0, {str(_PACKAGE_PARENT)!r}); "
+          "from nkilib_msda.tools.calibration.runner import _main; "
+          "raise SystemExit(_main(sys.argv[1:]))")
 
 
 def run_one(checkout: Path, kernel: str, values: dict[str, Any],
@@ -115,10 +118,8 @@ def run_records(checkout: Path, rows: list[Row], cache_path: Path, graphs: Path,
         payload = json.dumps([r.kernel, dict(r.values), str(path)], default=str)
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "nkilib_msda.tools.calibration.runner", str(checkout),
-                 payload], capture_output=True, text=True, timeout=timeout_s,
-                env={**os.environ, "PYTHONPATH": str(_PACKAGE_PARENT)})
+            proc = subprocess.run([sys.executable, "-c", _CHILD, str(checkout), payload],
+                                  capture_output=True, text=True, timeout=timeout_s)
             if proc.returncode == 0:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
             else:
