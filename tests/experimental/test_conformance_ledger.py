@@ -74,28 +74,22 @@ def kernel_forms() -> dict[str, dict[str, set[str]]]:
             entry = forms[form]
             entry["files"].add(name)
             entry["keywords"].update(k.arg for k in node.keywords if k.arg)
+        prefixes = _prefixes(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and id(node) not in called:
                 form = _dotted(node)
                 # only whole chains (not the nisa in nisa.engine.scalar)
-                if form and form.count(".") >= 1 and not _is_prefix(node, tree):
+                if form and form.count(".") >= 1 and id(node) not in prefixes:
                     forms[form]["files"].add(name)
     return forms
 
 
-def _is_prefix(node: ast.Attribute, tree: ast.AST) -> bool:
-    return id(node) in _prefixes(tree)
-
-
-_PREFIX_CACHE: dict[int, set[int]] = {}
-
-
 def _prefixes(tree: ast.AST) -> set[int]:
-    key = id(tree)
-    if key not in _PREFIX_CACHE:
-        _PREFIX_CACHE[key] = {id(n.value) for n in ast.walk(tree)
-                              if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)}
-    return _PREFIX_CACHE[key]
+    """ids of the attribute nodes that are the head of a longer chain (``nisa.engine`` in
+    ``nisa.engine.scalar``). Computed per tree while it is alive: ids of collected trees are
+    reused, so a cache keyed by ``id(tree)`` would answer for another file."""
+    return {id(n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)}
 
 
 def ledger_rows() -> dict[str, set[str]]:

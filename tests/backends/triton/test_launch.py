@@ -104,7 +104,7 @@ def test_launcher_falls_back_to_jit_when_direct_launch_fails():
 
 
 def test_launcher_calls_the_c_launcher_as_tritons_runner_does(monkeypatch):
-    from triton import knobs
+    knobs = pytest.importorskip("triton.knobs", reason="triton is an optional dependency (the `gpu` extra)")
 
     kernel = _with_c_launcher(monkeypatch, _FakeKernel())
     launch = triton_launch.Launcher(kernel, (6, 2), (7,), dict(BLOCK=16, FLAG=True, num_warps=4))
