@@ -144,7 +144,26 @@ def case_points_backward_fast_mode():
     return _backward_kernel_cases("points")
 
 
-def _backward_kernel_cases(kernel):
+def case_grid_3d():
+    """The (query blocks, batch, heads) grid (NKILIB_MSDA_TRITON_GRID=3d; the all-samples
+    backward with a register cap, which only the compiler reads): the all-samples and points
+    backwards over the configurations above, then both forwards and the deterministic backward
+    with three batches, tail query blocks and forced 64-bit offsets."""
+    grid = dict(grid_3d=True, samples_backward=tb.KernelConfig(4, 4, maxnreg=48))
+    worst, ok = _backward_kernel_cases("samples", grid)
+    points_worst, points_ok = _backward_kernel_cases("points", dict(grid_3d=True))
+    worst = [max(w, e) for w, e in zip(worst, points_worst)]
+    v, l, a, g = make(25, batch=3, queries=13, value_layout="BNLC", loc_layout="B2QHLP")
+    for changes, deterministic in ((dict(_blocks(4, 4, 2), forward_kernel="samples"), False),
+                                   (dict(_blocks(8, 4), index64=True), True)):
+        errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts("BNLC", "B2QHLP"),
+                                       dict(changes, grid_3d=True), deterministic=deterministic)
+        worst = [max(w, e) for w, e in zip(worst, errors)]
+        ok = ok and shapes_ok
+    return worst, ok and points_ok
+
+
+def _backward_kernel_cases(kernel, extra=None):
     worst = [0.0] * 4
     ok = True
     configs = ((20, "BLNC", "BQHLP2", False, "zeros", torch.float32, 3, 8, (True, True, True)),
@@ -155,7 +174,7 @@ def _backward_kernel_cases(kernel):
     for seed, vl, ll, ac, pm, dtype, points, channels, compute in configs:
         v, l, a, g = make(seed, queries=11, points=points, channels=channels, dtype=dtype,
                           value_layout=vl, loc_layout=ll)
-        changes = dict(_blocks(4, 4, 4), backward_kernel=kernel)
+        changes = dict(_blocks(4, 4, 4), backward_kernel=kernel, **(extra or {}))
         errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts(vl, ll, ac, pm), changes,
                                        compute=compute)
         # bf16 rows: held to the bf16 tolerance by scaling onto the case's fp32 one
