@@ -255,3 +255,43 @@ def test_grid_and_register_cap_reject_other_values(monkeypatch, name, value):
             tb.plan_launch(problem(), "float32")
     finally:
         tb.plan_launch.cache_clear()
+
+
+@pytest.mark.parametrize("tiles,dtype,shape,expected", [
+    # (env value, dtype, problem, (channel tiles, queries, warps) of the fast backward)
+    ("2", "float32", "encoder", (2, 1, 2)), ("2", "bfloat16", "encoder", (2, 2, 2)),
+    ("4", "float32", "encoder", (4, 2, 2)), ("4", "bfloat16", "encoder", (2, 2, 2)),
+    ("2", "float32", "tsa", (2, 4, 2)), ("2", "bfloat16", "tsa", (2, 8, 2)),
+    ("2", "float32", "decoder", (2, 1, 2)), ("2", "bfloat16", "decoder", (2, 1, 1)),
+    ("2", "float32", "narrow", (1, 1, 2)), ("1", "float32", "encoder", (1, 1, 2))])
+def test_channel_tiles_from_the_environment(monkeypatch, tiles, dtype, shape, expected):
+    # Two threads per sample at least (whole 32-byte sectors per reduction instruction): 16-bit
+    # rows of 32 channels take 2 tiles at most, 8 fp32 channels none; on large problems two
+    # warps' worth of samples per program, decoders keep one query.
+    problems = dict(encoder=problem(), tsa=problem(batch=1, queries=40000, levels=((200, 200),)),
+                    decoder=problem(queries=300), narrow=problem(channels=8))
+    monkeypatch.setenv("NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES", tiles)
+    tb.plan_launch.cache_clear()
+    try:
+        plan = tb.plan_launch(problems[shape], dtype)
+        cfg = plan.samples_backward
+        assert (plan.backward_channel_tiles, cfg.block_q, cfg.num_warps) == expected
+        capped = expected[0] > 1 and dtype == "bfloat16"  # 16-bit split programs: 64 registers
+        assert cfg.maxnreg == (64 if capped else None)
+        monkeypatch.setenv("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "56")  # asked for: kept
+        tb.plan_launch.cache_clear()
+        assert tb.plan_launch(problems[shape], dtype).samples_backward.maxnreg == 56
+        _needs_triton()
+        from nkilib_msda.backends.triton.kernels.backward import msda_backward_samples_kernel
+        from nkilib_msda.backends.triton.kernels.backward_split import msda_backward_split_kernel
+
+        kernel, _grid, _scalars, kwargs = tb._backward_launch(problems[shape], plan, (True,) * 3,
+                                                              False)
+        split = expected[0] > 1
+        assert kernel is (msda_backward_split_kernel if split else msda_backward_samples_kernel)
+        assert kwargs.get("CHANNEL_TILES", 1) == expected[0]
+        kernel, _grid, _scalars, kwargs = tb._backward_launch(problems[shape], plan, (True,) * 3,
+                                                              True)
+        assert "CHANNEL_TILES" not in kwargs  # deterministic mode: the points kernel as before
+    finally:
+        tb.plan_launch.cache_clear()
