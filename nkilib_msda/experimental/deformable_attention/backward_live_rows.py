@@ -40,18 +40,21 @@ class LiveRows:
 
     def __init__(self, cfg, tiles, core: int) -> None:
         self.cfg, self.t = cfg, tiles
-        self.steps = {"gather": cfg.gather_partitions, "scatter": cfg.scatter_partitions}
+        # the folded scatter (backward_scatter_fold) masks only the rows past n
+        scatter = ("fold", PARTITIONS) if cfg.scatter_fold > 1 else ("scatter", cfg.scatter_partitions)
+        self.steps = {"gather": cfg.gather_partitions, scatter[0]: scatter[1]}
         p = cfg.problem
-        self.oob = {"gather": padding_row(p.batch * cfg.rows_per_batch),
-                    "scatter": padding_row(p.batch * cfg.total_buffers * cfg.rows_per_batch)}
+        scatter_oob = padding_row(p.batch * cfg.total_buffers * cfg.rows_per_batch)
+        self.oob = {"gather": padding_row(p.batch * cfg.rows_per_batch), "scatter": scatter_oob,
+                    "fold": scatter_oob}
         self.columns: dict[tuple[str, int, int], int] = {}
         counts = sorted({parts for _, _, parts in cfg.super_tiles(core)})
-        for kind in ("gather", "scatter"):
+        for kind in self.steps:
             for n in counts:
                 for ci, chunk in enumerate(live_chunks(n, self.steps[kind])):
                     if chunk != (0, PARTITIONS):
                         self.columns[(kind, n, ci)] = len(self.columns)
-        self.turn = {"gather": 0, "scatter": 0}
+        self.turn = {kind: 0 for kind in self.steps}
 
     def build(self) -> None:
         """pad[:, col] = out-of-range row outside the chunk, 0 inside (3 Vector ops each)."""
@@ -64,6 +67,14 @@ class LiveRows:
             nisa.scalar_tensor_tensor(dst=pad, data=j, op0=nl.less, operand0=float(j0),
                                       op1=nl.maximum, operand1=t.live_tmp)
             nisa.tensor_scalar(dst=pad, data=pad, op0=nl.multiply, operand0=self.oob[kind])
+
+    def pad_column(self, kind: str, n: int, ci: int):
+        """The (128, 1) pad column of chunk ``ci`` of ``n`` live partitions, or None when the
+        chunk is all 128 partitions."""
+        if (kind, n, ci) not in self.columns:
+            return None
+        col = self.columns[(kind, n, ci)]
+        return self.t.live_pad[:, col:col + 1]
 
     def chunks(self, kind: str, n: int) -> list[tuple[int, int]]:
         return live_chunks(n, self.steps[kind])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import backward_buffers as bufs
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention.backward_scatter_fold import FoldedScatter
 from nkilib_msda.experimental.kernel_commons import PARTITIONS
 
 __all__ = ["GradValueScatter"]
@@ -24,6 +25,7 @@ class GradValueScatter:
         self.core, self.buffer_sets = core, buffer_sets
         self.live = live  # backward_live_rows.LiveRows: 128-partition scatters
         self.dma_count = 0
+        self.fold = FoldedScatter(cfg, tiles, live, live.oob["fold"]) if cfg.scatter_fold > 1 else None
 
     def terms(self, n: int, f: int):
         """Per-corner (or per pair slot) scatter coefficients, validity bits and indices of
@@ -62,6 +64,9 @@ class GradValueScatter:
             bits = t.pair_bits[0:n, 0:f, :]
             nisa.tensor_scalar(dst=sidx[0:n, 0:2 * f], data=t.pair_rows[0:n, 0:f, :], op0=nl.add,
                                operand0=kscale)
+        elif self.fold != None:  # noqa: E711
+            self.fold.indices(n, f)
+            bits = t.vbits[0:n, 0:f, :]
         else:
             nisa.tensor_scalar(dst=sidx[0:n, 0:4 * f], data=t.rows[0:n, 0:f, :], op0=nl.add, operand0=kscale)
             bits = t.vbits[0:n, 0:f, :]
@@ -75,7 +80,7 @@ class GradValueScatter:
             work = t.work[0:n, :, 0:width]
             points = slice(blk * p.num_points, (blk + 1) * p.num_points)
             cb = coef[:, points, :]
-            work4 = work.reshape_dim(1, (p.num_points, 4))
+            work4 = work.reshape_dim(1, (p.num_points, 4)) if self.fold == None else self.fold.work_view(n, width)  # noqa: E711
             nisa.tensor_tensor(dst=work4,
                                data1=cb.expand_dim(3).broadcast(3, width),
                                data2=t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
@@ -83,6 +88,10 @@ class GradValueScatter:
                                op=nl.multiply)
             # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
             crd.mask_bits(work4, work4, bits[:, points, :].expand_dim(3).broadcast(3, width))
+            if self.fold != None:  # noqa: E711
+                for index_col, data in self.fold.block(blk, n, width):
+                    self._one(b, index_col, data, False, c0, width, nisa.oob_mode.skip)
+                continue
             per_block = cols // 2 if cfg.scatter_pairs else cols
             slots = 2 if cfg.scatter_pairs else 1
             block_idx = t.sidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]

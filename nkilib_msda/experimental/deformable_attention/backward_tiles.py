@@ -72,6 +72,10 @@ class BackwardTiles:
     sidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked scatter index columns
     coef: Any = None
     red_alt: Any = None        # fp32 ping-pong partner of red (more than 16 buffers to sum)
+    # folded scatter (backward_scatter_fold; None unless cfg.scatter_fold > 1)
+    fold_pad: Any = None       # (4f,) fp32: out-of-range row where a corner is outside the map
+    fidx: Any = None           # (4f,) int32: permuted index columns (slice, sample, group)
+    fwork: Any = None          # list of 2 (4 N_p, C_t) fp32 tiles: permuted scatter data, in turn
     # (x0, x1) pair mode
     pair_rows: Any = None
     pair_sel: Any = None
@@ -84,7 +88,7 @@ class BackwardTiles:
 _FIELDS = frozenset(f.name for f in fields(BackwardTiles))
 # Tiles listed as (copies, ...) in the plan and allocated as that many separate tiles (the
 # kernel uses them in turn; separate allocations keep their accesses independent).
-_ROTATED = frozenset({"transposed"})
+_ROTATED = frozenset({"transposed", "fwork"})
 
 
 def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:

@@ -74,7 +74,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import default_scatter_partitions
+from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import (default_scatter_partitions,
+                                                                                      plan_scatter_fold)
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
     SbufTiles, channel_tile_widths, fit_sbuf, pad_columns, sbuf_bytes, sbuf_tiles,
     transpose_chunks,
@@ -138,6 +139,9 @@ class BackwardConfig:
     # memory plan
     sbuf_budget: int
     sbuf_tiles: SbufTiles = field(repr=False)
+    # D = 128 // P_s corners of a P_s-partition slice per scatter instruction (1: one column of
+    # 128 partitions per instruction; backward_scatter_fold)
+    scatter_fold: int = 1
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -252,7 +256,7 @@ class BackwardConfig:
             "P_g": self.gather_partitions, "M_g": self.gather_columns,
             "pairs_g": self.gather_pairs, "P_s": self.scatter_partitions,
             "pairs_s": self.scatter_pairs, "K_base": self.k_base,
-            "K": self.num_buffers, "S": self.scatter_sets, "lnc": self.lnc,
+            "K": self.num_buffers, "S": self.scatter_sets, "fold": self.scatter_fold, "lnc": self.lnc,
             "sbuf_bytes_per_partition": self.sbuf_bytes_per_partition,
             "scratch_hbm_bytes": self.scratch_hbm_bytes,
         }
@@ -340,7 +344,8 @@ def plan_backward(
     sets = 1 if num_scatter_buffers == None else num_scatter_buffers  # noqa: E711
     if cap == None:  # noqa: E711
         if buffers_per_core == None:  # noqa: E711
-            scatter_partitions = default_scatter_partitions(problem, lnc, sets, groups)
+            scatter_partitions = default_scatter_partitions(problem, lnc, sets, groups,
+                                                            pairs_possible or not compute_grad_value)
         else:  # the K of the given buffers
             scatter_partitions = PARTITIONS
             while scatter_partitions > 1 and -(-scatter_partitions // groups) > buffers_per_core:
@@ -352,15 +357,19 @@ def plan_backward(
     while k_base * rows >= FP32_EXACT_INT_MAX and scatter_partitions > 1:
         scatter_partitions //= 2
         k_base = -(-scatter_partitions // groups)
+    fold = plan_scatter_fold(scatter_partitions, cap, scatter_pairs, compute_grad_value)
 
     def tiles_for(blocks: int, width: int, points: int = n_p) -> SbufTiles:
         shape = problem if points == n_p else replace(problem, num_points=points)
         return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
                            compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
                            gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions),
-                           sets * lnc * k_base)
+                           sets * lnc * k_base, fold)
 
     width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
+    if width < c_h and fold > 1:  # the folded scatter's tiles never cost a channel tile
+        fold = 1
+        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
     if width < c_h and not strided_pairs and (gather_pairs or scatter_pairs):
         # channel tiles make a BNLC pair two runs: plan again without pairs
         gather_pairs = scatter_pairs = False
@@ -388,7 +397,7 @@ def plan_backward(
         k_base=k_base, num_buffers=k_base, scatter_sets=sets, compute_grad_value=compute_grad_value,
         compute_grad_sampling_locations=compute_grad_sampling_locations,
         compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
-        sbuf_tiles=tiles)
+        sbuf_tiles=tiles, scatter_fold=fold)
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

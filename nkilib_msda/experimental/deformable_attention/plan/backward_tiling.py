@@ -82,7 +82,7 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
-               pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1) -> SbufTiles:
+               pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1, fold: int = 1) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
@@ -92,6 +92,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     ``live_pad_columns``: the live-row pad columns of backward_live_rows (128-partition DMAs).
     ``reduce_sources``: buffers summed per reduced element (sets * lnc * K); above 16 the
     reduce ping-pongs between two fp32 tiles (``red_alt``).
+    ``fold`` > 1 (backward_scatter_fold): its index scratch, permuted index columns and two
+    copies of the permuted scatter data.
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
@@ -150,6 +152,9 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     if want_value:
         tiles += [("sidx", (f * 4,), "int32"), ("coef", (f, 4), "float32"),
                   ("sidx_live", (2, cols), "int32")]
+        if fold > 1:
+            tiles += [("fold_pad", (f * 4,), "float32"), ("fidx", (f * 4,), "int32"),
+                      ("fwork", (2, cols, c_h), "float32")]
     tiles += [
         ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
         ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),
