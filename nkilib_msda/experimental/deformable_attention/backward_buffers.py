@@ -40,7 +40,10 @@ def zero_own_buffers(cfg, buffer_sets, core: int, zero_tile) -> None:
         for b in range(cfg.problem.batch):
             base = (b * cfg.lnc + core) * region
             for off, parts, width in flat_chunks(base, base + region):
-                nisa.dma_copy(dst=_rect(flat, off, parts, width), src=zero_tile[0:parts, 0:width])
+                # hardware DGE on the Scalar queue: the super-tiles' loads (Sync queue) need
+                # not wait behind the zero-fill, which only the first scatters wait for
+                nisa.dma_copy(dst=_rect(flat, off, parts, width), src=zero_tile[0:parts, 0:width],
+                              dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
 
 
 def scatter_add(buf, batch: int, core: int, cfg, index_col, data, pair: bool,
