@@ -74,7 +74,7 @@ def plan_forward_from_args(value: Any, spatial_shapes: Any, level_start_index: A
                        align_corners: bool = False, padding_mode: str = "zeros",
                        max_indices_per_indirect: Optional[int] = None,
                        gather_method: str = "transpose", lnc: int = 1,
-                       gather_layout: str = "four-corner") -> ForwardConfig:
+                       gather_layout: str = "auto") -> ForwardConfig:
     """Validate the arguments and return the kernel's tiling plan (plain Python; no NKI)."""
     problem = validate_msda_args(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
@@ -319,7 +319,7 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
                             attention_weights, value_layout="BLNC",
                             sampling_locations_layout="BQHLP2", align_corners=False,
                             padding_mode="zeros", max_indices_per_indirect=None,
-                            gather_method="transpose", gather_layout="four-corner"):
+                            gather_method="transpose", gather_layout="auto"):
     """Multi-scale deformable attention forward: bilinear samples of every level, weighted and
     summed per (query, head).
 
@@ -351,11 +351,12 @@ def ms_deformable_attention(value, spatial_shapes, level_start_index, sampling_l
             the transpose path ``cap // 128`` index columns per ``dma_transpose``.
         gather_method (str): "transpose" (default; 2-byte values, float32 values fall back to
             "copy") or "copy".
-        gather_layout (str): "four-corner" (default: one descriptor per corner), "corner-block"
-            (build a scratch of 2x2 corner cells first, ~4x value bytes of shared HBM, then one
-            descriptor per sample; transpose gather, 2-byte values, C_h <= 32) or "auto"
-            (corner blocks where supported and there are >= 2 samples per cell and head,
-            ``plan/corner_plan.py``). docs/kernels.md, "Corner-block value layout".
+        gather_layout (str): "auto" (default: corner blocks where supported and there are
+            >= 2 samples per cell and head, else four corners; ``plan/corner_plan.py``),
+            "four-corner" (one descriptor per corner) or "corner-block" (build a scratch of 2x2
+            corner cells first, ~4x value bytes of shared HBM, then one descriptor per sample;
+            transpose gather, 2-byte values, C_h <= 32). docs/kernels.md, "Corner-block value
+            layout".
 
     Returns:
         HBM tensor (B, N_q, N_h * C_h) in value's dtype (shared HBM): per (query, head), the
