@@ -22,6 +22,8 @@ CASES = [
              locations_layout="B2QHLP"),
     MSDACase(name="blnc-fp32", num_queries=19, num_heads=4, head_dim=8, num_points=2, spatial_shapes=((40, 44),),
              value_dtype="float32"),
+    MSDACase(name="batch2-fp16", batch=2, num_queries=27, num_heads=8, head_dim=16, num_points=2,
+             spatial_shapes=((50, 40),), value_dtype="float16"),
 ]
 
 
