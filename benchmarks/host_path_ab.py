@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 ROW_INT, ROW_TENSOR = "ours, shapes as Python ints", "ours, shapes as CUDA tensors"
 ROW_CUDA, ROW_FLOOR = "CUDA op, its MSDeformAttnFunction", "trivial autograd.Function (floor)"
@@ -44,7 +45,7 @@ def _child(args) -> int:
     import nkilib_msda
     from nkilib_msda.workloads import PRESETS, make_torch_inputs
 
-    case = PRESETS["ddetr-decoder"]
+    case = replace(PRESETS["ddetr-decoder"], value_dtype="float32", param_dtype="float32")
     made = make_torch_inputs(case, 0, args.device)
     levels = tuple(tuple(s) for s in case.spatial_shapes)
     grad = made["grad_output"]

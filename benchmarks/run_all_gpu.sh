@@ -1,34 +1,73 @@
 #!/usr/bin/env bash
-# Correctness check and benchmark of the Triton backend in one go, on a CUDA machine, from the
-# repository root:   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] [PEER_DIR=folder holding
-#   roulbac/msda-triton's msda_triton package] bash benchmarks/run_all_gpu.sh [OUT_DIR]
-# (CUDA_OP_DIR: that folder with its extension built in place, `python setup.py build_ext --inplace`)
-# 1. benchmarks/check_gpu.py in 12 processes (shards) while 12 more compile every kernel the
-#    benchmark uses (Triton's on-disk cache is shared; compiling dominates otherwise), then
-# 2. the timed benchmark, alone on the GPU: this package's public function and kernels, and the
-#    peers PyTorch grid_sample ("ref") and Deformable-DETR's CUDA op ("cuda", when it builds), so
-#    that the tables, results.json and bench_gpu.png under $OUT/bench all come from this one run.
+# Every GPU table of docs/performance.md and benchmarks/RESULTS.md from one run, on a CUDA
+# machine, from the repository root:
+#   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] [PEER_DIR=folder holding roulbac/msda-triton's
+#    msda_triton package] [HOST_TREES=LABEL=DIR,...] [VERSIONS=LABEL=DIR,...]
+#    bash benchmarks/run_all_gpu.sh [OUT_DIR]
+# CUDA_OP_DIR: built in place first when no built extension is there (`setup.py build_ext
+# --inplace`). HOST_TREES: source trees for the host-path table (default: this tree alone).
+# VERSIONS: source trees (DIR/nkilib_msda) whose GPU time benchmarks/version_ab.py compares.
+# 1. benchmarks/check_gpu.py in 12 processes (shards), the GPU tests, and 12 processes that
+#    compile every kernel the benchmark uses (Triton's on-disk cache is shared), in parallel;
+# 2. alone on the GPU, one after the other: the benchmark (this package's public function and
+#    kernels, grid_sample "ref", Deformable-DETR's CUDA op "cuda", msda-triton), the Deformable-DETR
+#    decoder step (benchmarks/decoder_step_gpu.py), the eager host path
+#    (benchmarks/host_path_ab.py) and, with VERSIONS, benchmarks/version_ab.py.
+# Every step runs under `timeout` (a stuck step is killed and reported, the run goes on) and
+# writes its log under OUT_DIR; the script ends by listing any process a step left behind.
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+ops=${CUDA_OP_DIR:-}
 shapes=ddetr-encoder,ddetr-decoder,bevformer-sca,bevformer-decoder,bevformer-tsa,mask2former-encoder
 start=$(date +%s)
+say() { echo "[$(( $(date +%s) - start )) s] $*"; }
+# step SECONDS LOG COMMAND...: run under timeout, output to LOG, report the exit status.
+step() {
+  local limit=$1 log=$2; shift 2
+  timeout -k 10 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && say "TIMEOUT after ${limit} s: $*"
+  return $rc
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+[ -f COMMIT ] && echo "tree: $(cat COMMIT)"
+if [ -n "$ops" ] && [ -f "$ops/setup.py" ] && ! ls "$ops"/MultiScaleDeformableAttention*.so > /dev/null 2>&1; then
+  (cd "$ops" && TORCH_CUDA_ARCH_LIST=9.0 step 300 "$OLDPWD/$out/cuda_op_build.log" python setup.py build_ext --inplace) &
+fi
 for i in $(seq 0 11); do
-  python benchmarks/check_gpu.py --shard "$i/12" > "$out/check_$i.log" 2>&1 &
+  step 400 "$out/check_$i.log" python benchmarks/check_gpu.py --shard "$i/12" &
 done
 for s in ${shapes//,/ }; do
   for d in float32 bfloat16; do
-    python benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" --impls triton,api,msda-triton --peer-dir "${PEER_DIR:-}" --warmup 1 \
-      --rep 1 --no-errors --out "$out/warm" > "$out/warm_${s}_$d.log" 2>&1 &
+    step 400 "$out/warm_${s}_$d.log" python benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" \
+      --impls triton,api,msda-triton --peer-dir "${PEER_DIR:-}" --warmup 1 --rep 1 --no-errors --out "$out/warm" &
   done
 done
+step 400 "$out/tests.log" python -m pytest tests/backends/triton tests/pytorch/test_torch_tensor_shapes.py \
+  tests/pytorch/test_torch_point_counts.py -q -p no:cacheprovider -n 4 -rfs
+say "GPU tests: $(tail -1 "$out/tests.log")"
 wait
-echo "check + compile: $(( $(date +%s) - start )) s"
+say "check + tests + compile done"
 cat "$out"/check_*.log | grep -E "^(PASS|FAIL|INFO)" | sort -k1,1 > "$out/check.txt"
 echo "check: $(grep -c '^PASS' "$out/check.txt") PASS, $(grep -c '^FAIL' "$out/check.txt") FAIL"
 grep '^FAIL' "$out/check.txt"
 grep -l -E "Traceback|Error" "$out"/check_*.log "$out"/warm_*.log
-python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda,msda-triton --warmup 10 \
-  --rep 40 --cuda-op-dir "${CUDA_OP_DIR:-}" --peer-dir "${PEER_DIR:-}" --out "$out/bench" 2>&1 | tee "$out/bench.log"
-echo "total: $(( $(date +%s) - start )) s"
+step 420 "$out/bench.log" python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda,msda-triton \
+  --warmup 10 --rep 40 --cuda-op-dir "$ops" --peer-dir "${PEER_DIR:-}" --out "$out/bench"
+say "bench rc=$?"
+step 240 "$out/decoder_step.log" python benchmarks/decoder_step_gpu.py --cuda-op-dir "$ops" --rounds 7 --steps 20
+say "decoder step rc=$?"
+step 300 "$out/host_path.log" python benchmarks/host_path_ab.py --trees "${HOST_TREES:-this=$PWD}" \
+  --cuda-op-dir "$ops" --rounds 4 --inner 3 --steps 20
+say "host path rc=$?"
+if [ -n "${VERSIONS:-}" ]; then
+  step 300 "$out/version_ab.log" python benchmarks/version_ab.py --versions "$VERSIONS" \
+    --shapes ddetr-encoder,bevformer-sca,bevformer-tsa --rounds 5
+  say "version_ab rc=$?"
+fi
+left=$(ps -eo pid,ppid,etime,args | grep -E "python|pytest" | grep -v -E "grep|run_all_gpu" || true)
+[ -n "$left" ] && echo "processes left running:" && echo "$left"
+say "total"

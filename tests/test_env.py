@@ -379,3 +379,28 @@ def test_a_bad_package_variable_fails_block_attn_res_and_the_emulator(monkeypatc
         simulate(copy)(np.zeros((2, 4), np.float32))
     monkeypatch.delenv(name)
     assert simulate(copy)(np.ones((2, 4), np.float32)).sum() == 8
+
+
+def test_package_variable_snapshot_follows_every_change(monkeypatch):
+    """The check's snapshot (read through os.environ's own dict) sees a variable set, changed
+    and removed after a first check, so a bad value raises on the next read."""
+    read_env("NKILIB_MSDA_BACKEND")
+    monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "maybe")
+    with pytest.raises(EnvironmentVariableError, match="NKILIB_MSDA_DETERMINISTIC"):
+        read_env("NKILIB_MSDA_BACKEND")
+    monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "on")
+    assert read_env("NKILIB_MSDA_DETERMINISTIC") is True
+    monkeypatch.delenv("NKILIB_MSDA_DETERMINISTIC")
+    assert read_env("NKILIB_MSDA_DETERMINISTIC") is None
+    # raw values (bytes on POSIX): unset exactly where os.environ has no value
+    assert ([v is None for v in _env_mod._own_snapshot()]
+            == [os.environ.get(n) is None for n in _env_mod._OWN_NAMES])
+
+
+def test_package_variable_snapshot_without_os_environ_internals(monkeypatch):
+    """An os.environ replaced by a plain mapping (no ``_data``) is read through ``get``."""
+    fake = {"NKILIB_MSDA_DETERMINISTIC": "maybe"}
+    monkeypatch.setattr(os, "environ", fake)
+    assert _env_mod._own_snapshot() == tuple(fake.get(n) for n in _env_mod._OWN_NAMES)
+    with pytest.raises(EnvironmentVariableError, match="NKILIB_MSDA_DETERMINISTIC"):
+        _env_mod.check_package_variables()
