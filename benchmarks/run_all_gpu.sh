@@ -3,7 +3,7 @@
 # machine, from the repository root:
 #   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] [PEER_DIR=folder holding roulbac/msda-triton's
 #    msda_triton package] [HOST_TREES=LABEL=DIR,...] [VERSIONS=LABEL=DIR,...]
-#    bash benchmarks/run_all_gpu.sh [OUT_DIR]
+#    [PARTS="check bench decoder host versions"] bash benchmarks/run_all_gpu.sh [OUT_DIR]
 # CUDA_OP_DIR: built in place first when no built extension is there (`setup.py build_ext
 # --inplace`). HOST_TREES: source trees for the host-path table (default: this tree alone).
 # VERSIONS: source trees (DIR/nkilib_msda) whose GPU time benchmarks/version_ab.py compares.
@@ -13,13 +13,17 @@
 #    kernels, grid_sample "ref", Deformable-DETR's CUDA op "cuda", msda-triton), the Deformable-DETR
 #    decoder step (benchmarks/decoder_step_gpu.py), the eager host path
 #    (benchmarks/host_path_ab.py) and, with VERSIONS, benchmarks/version_ab.py.
-# Every step runs under `timeout` (a stuck step is killed and reported, the run goes on) and
+# PARTS names the steps to run (default all; e.g. PARTS="decoder host" in a second call on the
+# same machine, whose Triton cache the first call filled). Every step runs under `timeout` (a stuck step is killed and reported, the run goes on) and
 # writes its log under OUT_DIR; the script ends by listing any process a step left behind.
 set -u
-out=${1:-gpu_out}
-mkdir -p "$out"
+mkdir -p "${1:-gpu_out}"
+out=$(cd "${1:-gpu_out}" && pwd)
+py=${PYTHON:-python3}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 ops=${CUDA_OP_DIR:-}
+parts=" ${PARTS:-check bench decoder host versions} "
+want() { [[ "$parts" == *" $1 "* ]]; }
 shapes=ddetr-encoder,ddetr-decoder,bevformer-sca,bevformer-decoder,bevformer-tsa,mask2former-encoder
 start=$(date +%s)
 say() { echo "[$(( $(date +%s) - start )) s] $*"; }
@@ -32,21 +36,22 @@ step() {
   return $rc
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
-python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+$py -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
 [ -f COMMIT ] && echo "tree: $(cat COMMIT)"
 if [ -n "$ops" ] && [ -f "$ops/setup.py" ] && ! ls "$ops"/MultiScaleDeformableAttention*.so > /dev/null 2>&1; then
-  (cd "$ops" && TORCH_CUDA_ARCH_LIST=9.0 step 300 "$OLDPWD/$out/cuda_op_build.log" python setup.py build_ext --inplace) &
+  (cd "$ops" && TORCH_CUDA_ARCH_LIST=9.0 step 300 "$out/cuda_op_build.log" $py setup.py build_ext --inplace) &
 fi
+if want check; then
 for i in $(seq 0 11); do
-  step 400 "$out/check_$i.log" python benchmarks/check_gpu.py --shard "$i/12" &
+  step 400 "$out/check_$i.log" $py benchmarks/check_gpu.py --shard "$i/12" &
 done
 for s in ${shapes//,/ }; do
   for d in float32 bfloat16; do
-    step 400 "$out/warm_${s}_$d.log" python benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" \
+    step 400 "$out/warm_${s}_$d.log" $py benchmarks/bench_gpu.py --shapes "$s" --dtypes "$d" \
       --impls triton,api,msda-triton --peer-dir "${PEER_DIR:-}" --warmup 1 --rep 1 --no-errors --out "$out/warm" &
   done
 done
-step 400 "$out/tests.log" python -m pytest tests/backends/triton tests/pytorch/test_torch_tensor_shapes.py \
+step 400 "$out/tests.log" $py -m pytest tests/backends/triton tests/pytorch/test_torch_tensor_shapes.py \
   tests/pytorch/test_torch_point_counts.py -q -p no:cacheprovider -n 4 -rfs
 say "GPU tests: $(tail -1 "$out/tests.log")"
 wait
@@ -55,16 +60,24 @@ cat "$out"/check_*.log | grep -E "^(PASS|FAIL|INFO)" | sort -k1,1 > "$out/check.
 echo "check: $(grep -c '^PASS' "$out/check.txt") PASS, $(grep -c '^FAIL' "$out/check.txt") FAIL"
 grep '^FAIL' "$out/check.txt"
 grep -l -E "Traceback|Error" "$out"/check_*.log "$out"/warm_*.log
-step 420 "$out/bench.log" python benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda,msda-triton \
-  --warmup 10 --rep 40 --cuda-op-dir "$ops" --peer-dir "${PEER_DIR:-}" --out "$out/bench"
-say "bench rc=$?"
-step 240 "$out/decoder_step.log" python benchmarks/decoder_step_gpu.py --cuda-op-dir "$ops" --rounds 7 --steps 20
-say "decoder step rc=$?"
-step 300 "$out/host_path.log" python benchmarks/host_path_ab.py --trees "${HOST_TREES:-this=$PWD}" \
-  --cuda-op-dir "$ops" --rounds 4 --inner 3 --steps 20
-say "host path rc=$?"
-if [ -n "${VERSIONS:-}" ]; then
-  step 300 "$out/version_ab.log" python benchmarks/version_ab.py --versions "$VERSIONS" \
+fi
+wait  # the CUDA op's build
+if want bench; then
+  step 420 "$out/bench.log" $py benchmarks/bench_gpu.py --shapes "$shapes" --impls triton,api,ref,cuda,msda-triton \
+    --warmup 10 --rep 40 --cuda-op-dir "$ops" --peer-dir "${PEER_DIR:-}" --out "$out/bench"
+  say "bench rc=$?"
+fi
+if want decoder; then
+  step 240 "$out/decoder_step.log" $py benchmarks/decoder_step_gpu.py --cuda-op-dir "$ops" --rounds 7 --steps 20
+  say "decoder step rc=$?"
+fi
+if want host; then
+  step 300 "$out/host_path.log" $py benchmarks/host_path_ab.py --trees "${HOST_TREES:-this=$PWD}" \
+    --cuda-op-dir "$ops" --rounds 3 --inner 3 --steps 20
+  say "host path rc=$?"
+fi
+if want versions && [ -n "${VERSIONS:-}" ]; then
+  step 300 "$out/version_ab.log" $py benchmarks/version_ab.py --versions "$VERSIONS" \
     --shapes ddetr-encoder,bevformer-sca,bevformer-tsa --rounds 5
   say "version_ab rc=$?"
 fi
