@@ -3,7 +3,7 @@
 # machine, from the repository root:
 #   [CUDA_OP_DIR=path/to/Deformable-DETR/models/ops] [PEER_DIR=folder holding roulbac/msda-triton's
 #    msda_triton package] [HOST_TREES=LABEL=DIR,...] [VERSIONS=LABEL=DIR,...]
-#    [PARTS="check bench decoder host versions"] bash benchmarks/run_all_gpu.sh [OUT_DIR]
+#    [PARTS="check bench decoder host profile versions"] bash benchmarks/run_all_gpu.sh [OUT_DIR]
 # CUDA_OP_DIR: built in place first when no built extension is there (`setup.py build_ext
 # --inplace`). HOST_TREES: source trees for the host-path table (default: this tree alone).
 # VERSIONS: source trees (DIR/nkilib_msda) whose GPU time benchmarks/version_ab.py compares.
@@ -12,17 +12,21 @@
 # 2. alone on the GPU, one after the other: the benchmark (this package's public function and
 #    kernels, grid_sample "ref", Deformable-DETR's CUDA op "cuda", msda-triton), the Deformable-DETR
 #    decoder step (benchmarks/decoder_step_gpu.py), the eager host path
-#    (benchmarks/host_path_ab.py) and, with VERSIONS, benchmarks/version_ab.py.
+#    (benchmarks/host_path_ab.py), its profile (benchmarks/host_overhead_gpu.py --profile) and, with
+#    VERSIONS, benchmarks/version_ab.py.
 # PARTS names the steps to run (default all; e.g. PARTS="decoder host" in a second call on the
-# same machine, whose Triton cache the first call filled). Every step runs under `timeout` (a stuck step is killed and reported, the run goes on) and
-# writes its log under OUT_DIR; the script ends by listing any process a step left behind.
+# same machine, whose Triton cache the first call filled). Every step runs under `timeout` (a
+# stuck step is killed and reported, the run goes on) and writes its log to a file under OUT_DIR,
+# never to this script's stdout: a process a step leaves behind (torch.compile's compile-worker
+# sidecar inherits its parent's stdout) cannot hold a pipe that reads this script's output open.
+# The script ends by listing any process a step left behind.
 set -u
 mkdir -p "${1:-gpu_out}"
 out=$(cd "${1:-gpu_out}" && pwd)
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 ops=${CUDA_OP_DIR:-}
-parts=" ${PARTS:-check bench decoder host versions} "
+parts=" ${PARTS:-check bench decoder host profile versions} "
 want() { [[ "$parts" == *" $1 "* ]]; }
 shapes=ddetr-encoder,ddetr-decoder,bevformer-sca,bevformer-decoder,bevformer-tsa,mask2former-encoder
 start=$(date +%s)
@@ -75,6 +79,11 @@ if want host; then
   step 300 "$out/host_path.log" $py benchmarks/host_path_ab.py --trees "${HOST_TREES:-this=$PWD}" \
     --cuda-op-dir "$ops" --rounds 3 --inner 3 --steps 20
   say "host path rc=$?"
+fi
+if want profile; then  # where the eager decoder call's host time goes (cProfile, fp32)
+  (cd benchmarks && step 180 "$out/host_profile.log" $py host_overhead_gpu.py --shape ddetr-decoder --calls 200 \
+    --profile 300 --dtypes float32 --cuda-op-dir "$ops")
+  say "host profile rc=$?"
 fi
 if want versions && [ -n "${VERSIONS:-}" ]; then
   step 300 "$out/version_ab.log" $py benchmarks/version_ab.py --versions "$VERSIONS" \
