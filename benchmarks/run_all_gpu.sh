@@ -55,6 +55,10 @@ for s in ${shapes//,/ }; do
       --impls triton,api,msda-triton --peer-dir "${PEER_DIR:-}" --warmup 1 --rep 1 --no-errors --out "$out/warm" &
   done
 done
+if [ -n "${VERSIONS:-}" ]; then
+  step 400 "$out/version_ab_compile.log" $py benchmarks/version_ab.py --versions "$VERSIONS" \
+    --shapes ddetr-encoder,bevformer-sca,bevformer-tsa --compile-only &
+fi
 step 400 "$out/tests.log" $py -m pytest tests/backends/triton tests/pytorch/test_torch_tensor_shapes.py \
   tests/pytorch/test_torch_point_counts.py -q -p no:cacheprovider -n 4 -rfs
 say "GPU tests: $(tail -1 "$out/tests.log")"
