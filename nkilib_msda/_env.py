@@ -57,7 +57,16 @@ RENAMED_FROM = {"NKILIB_MSDA_EMULATOR_STRICT": "NKILIB_MSDA_SIM_STRICT"}
 
 
 def _raw(name: str) -> str:
-    return os.environ.get(name, "").strip()
+    """The variable's stripped value, "" when unset. Read through ``os.environ``'s own dict
+    when it has one (see :func:`_own_snapshot`): ``os.environ.get`` of an unset variable raises
+    and catches a KeyError inside, a few µs on every eager MSDA call."""
+    environ = os.environ
+    data, encode = getattr(environ, "_data", None), getattr(environ, "encodekey", None)
+    decode = getattr(environ, "decodevalue", None)
+    if type(data) is not dict or encode is None or decode is None:
+        return environ.get(name, "").strip()
+    raw = data.get(encode(name))
+    return "" if raw is None else decode(raw).strip()
 
 
 def _lookup(name: str) -> tuple[str, str]:
