@@ -6,7 +6,8 @@
 #    [PARTS="check bench decoder host profile versions"] bash benchmarks/run_all_gpu.sh [OUT_DIR]
 # CUDA_OP_DIR: built in place first when no built extension is there (`setup.py build_ext
 # --inplace`). HOST_TREES: source trees for the host-path table (default: this tree alone).
-# VERSIONS: source trees (DIR/nkilib_msda) whose GPU time benchmarks/version_ab.py compares.
+# VERSIONS: source trees (DIR/nkilib_msda) whose GPU time benchmarks/version_ab.py compares;
+# VERSIONS_ENV="NAME=VALUE ...": environment of that comparison alone (a variant's switches).
 # 1. benchmarks/check_gpu.py in 12 processes (shards), the GPU tests, and 12 processes that
 #    compile every kernel the benchmark uses (Triton's on-disk cache is shared), in parallel;
 # 2. alone on the GPU, one after the other: the benchmark (this package's public function and
@@ -56,7 +57,7 @@ for s in ${shapes//,/ }; do
   done
 done
 if [ -n "${VERSIONS:-}" ]; then
-  step 400 "$out/version_ab_compile.log" $py benchmarks/version_ab.py --versions "$VERSIONS" \
+  step 400 "$out/version_ab_compile.log" env ${VERSIONS_ENV:-} $py benchmarks/version_ab.py --versions "$VERSIONS" \
     --shapes ddetr-encoder,bevformer-sca,bevformer-tsa --compile-only &
 fi
 step 400 "$out/tests.log" $py -m pytest tests/backends/triton tests/pytorch/test_torch_tensor_shapes.py \
@@ -90,7 +91,7 @@ if want profile; then  # where the eager decoder call's host time goes (cProfile
   say "host profile rc=$?"
 fi
 if want versions && [ -n "${VERSIONS:-}" ]; then
-  step 300 "$out/version_ab.log" $py benchmarks/version_ab.py --versions "$VERSIONS" \
+  step 300 "$out/version_ab.log" env ${VERSIONS_ENV:-} $py benchmarks/version_ab.py --versions "$VERSIONS" \
     --shapes ddetr-encoder,bevformer-sca,bevformer-tsa --rounds 5
   say "version_ab rc=$?"
 fi
