@@ -34,9 +34,9 @@ from nkilib_msda.validation.msda import MSDAProblem
 __all__ = [
     "PARTITIONS", "tile_view", "load_locations", "load_attention", "store_rows",
     "sanitize_coordinates", "to_pixel_coordinates", "floor_with_fraction",
-    "clamp_corners", "corner_factors", "build_head_offsets", "corner_rows",
+    "clamp_corners", "corner_factors", "tile_corner_factors", "build_head_offsets", "corner_rows",
     "corner_weights", "pixel_scale", "mark_padded_rows", "corner_valid_bits", "padding_row",
-    "transpose_indices", "transpose_tile_indices",
+    "transpose_indices", "transpose_tile_indices", "next_gather_block", "weigh_psum_blocks",
 ]
 
 
@@ -175,6 +175,28 @@ def corner_valid_bits(bits: Any, valid: Any, n: int) -> None:
                     tile_view(valid, [[1, n], [0, 2], [n, 2]]))
 
 
+def tile_corner_factors(buf: Any, bits: Any, cfg: Any, locations: Any, attention_weights: Any,
+                        b: int, tile: Any) -> None:
+    """The forward's coordinate phase of query tile ``tile`` of batch ``b`` up to the corner
+    validity, shared by the four-corner and the corner-block forward: load the locations and
+    weights into ``buf.loc`` / ``buf.att``, remove NaN (``buf.mask``), pixel coordinates
+    (``buf.xp``), floor and fraction (``buf.floor``, ``buf.frac``), clamped corners
+    (``buf.corners``), their 0/1 factors (``buf.factors``, ``buf.valid``) and ``bits`` (n, 4)
+    (int32 all ones for a valid corner). ``buf`` holds the forward's coordinate scratch
+    (``COORD_SCRATCH_WORDS`` words per sample); ``cfg`` is its ForwardConfig."""
+    p = cfg.problem
+    slots = cfg.slots(tile.q_pack)
+    n = cfg.samples(tile.q_pack)
+    coords = load_locations(buf.loc, locations, p, b, tile.q_start, tile.partitions, tile.q_pack)
+    load_attention(buf.att, attention_weights, p, b, tile.q_start, tile.partitions, tile.q_pack)
+    sanitize_coordinates(buf.xp, coords, buf.mask, n)
+    to_pixel_coordinates(buf.xp, p, slots)
+    floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.loc, 2 * n)  # loc: int scratch
+    clamp_corners(buf.corners, buf.floor, p, slots)
+    corner_factors(buf.factors, buf.valid, buf.corners, buf.floor, buf.frac, buf.mask, n)
+    corner_valid_bits(bits, buf.valid, n)
+
+
 def build_head_offsets(head_off: Any, head_ints: Any, p: MSDAProblem, q_pack: int) -> None:
     """head_off[0, slot] (fp32, (128, q_pack * N_h)) = h(slot) * (1 for BLNC, L for BNLC):
     the head's part of a row index. ``head_ints`` is an int32 scratch of the same size."""
@@ -290,3 +312,48 @@ def transpose_tile_indices(idx: Any, rows: Any, blocks: Sequence[tuple[int, int]
         return
     for i, (d0, dn) in enumerate(blocks):
         transpose_indices(idx, rows, d0, dn, stack, stride, offset=i * region, engine=scalar)
+
+
+def next_gather_block(counters: dict, cfg: Any, region_words: int) -> tuple[int, int]:
+    """(gather buffer, index region offset) of the next DMA block of a transpose gather: the
+    gather buffers rotate per DMA block across groups and tiles (``counters["block"]``); the
+    tile's transposed index tile holds DMA block ``i`` at ``i * region_words``
+    (``counters["tile_block"]``, reset per tile). Plain Python: emits no instruction."""
+    gbuf = counters["block"] % cfg.gather_bufs
+    counters["block"] += 1
+    region = counters["tile_block"] * region_words
+    counters["tile_block"] += 1
+    return gbuf, region
+
+
+def weigh_psum_blocks(gathered: Sequence[Any], prod: Any, weights: Any, bits: Any, cfg: Any,
+                      d0: int, dn: int, col0: int, psum: Sequence[Any], counters: dict) -> None:
+    """The forward's transpose-gather epilogue for DMA block [d0, d0 + dn) of the columns that
+    start at ``col0``: per PSUM block of ``cfg.psum_cols`` columns, one PE ``nc_transpose`` per
+    ``cfg.stack`` columns and channel tile of ``gathered`` (one (stack * C_t, m * 128) tile per
+    ``cfg.channel_tiles`` entry) back to (128, columns * C_h), one ``tensor_tensor`` multiply by
+    the broadcast corner weights (n, 4) into ``prod`` (128, group columns * C_h) fp32, then, when
+    ``bits`` is given, the bitwise corner mask. The PSUM buffers rotate per block
+    (``counters["psum"]``). Shared by the four-corner and the corner-block forward."""
+    c = cfg.problem.head_dim
+    stack = cfg.stack
+    for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
+        ps = psum[counters["psum"] % cfg.psum_bufs]
+        counters["psum"] += 1
+        for s0 in range(k0, k0 + kn, stack):
+            f = min(stack, k0 + kn - s0)
+            i = (s0 - d0) // stack
+            for t, (c0, c1) in enumerate(cfg.channel_tiles):
+                ct = c1 - c0
+                nisa.nc_transpose(
+                    dst=tile_view(ps, [[1, f * ct]], offset=(s0 - k0) * c + c0),
+                    data=tile_view(gathered[t], [[1, PARTITIONS]], offset=i * PARTITIONS,
+                                   parts=f * ct),
+                    engine=nisa.engine.tensor)
+        dst = tile_view(prod, [[c, kn], [1, c]], offset=(k0 - col0) * c)
+        nisa.tensor_tensor(dst=dst,
+                           data1=tile_view(ps, [[c, kn], [1, c]]),
+                           data2=tile_view(weights, [[1, kn], [0, c]], offset=k0),
+                           op=nl.multiply)
+        if bits is not None:
+            crd.mask_bits(dst, dst, tile_view(bits, [[1, kn], [0, c]], offset=k0))

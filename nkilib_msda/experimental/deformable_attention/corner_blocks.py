@@ -258,16 +258,7 @@ def prepare_corner_tile(buf: Any, cfg: Any, index: int, b: int, tile: Any, locat
     slots = cfg.slots(tile.q_pack)
     n = cfg.samples(tile.q_pack)
     weights, bits, rows = buf.weights[slot], buf.bits[slot], buf.rows[0]
-    coords = smp.load_locations(buf.loc, locations, p, b, tile.q_start, tile.partitions,
-                                tile.q_pack)
-    smp.load_attention(buf.att, attention_weights, p, b, tile.q_start, tile.partitions,
-                       tile.q_pack)
-    smp.sanitize_coordinates(buf.xp, coords, buf.mask, n)
-    smp.to_pixel_coordinates(buf.xp, p, slots)
-    smp.floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.loc, 2 * n)
-    smp.clamp_corners(buf.corners, buf.floor, p, slots)
-    smp.corner_factors(buf.factors, buf.valid, buf.corners, buf.floor, buf.frac, buf.mask, n)
-    smp.corner_valid_bits(bits, buf.valid, n)
+    smp.tile_corner_factors(buf, bits, cfg, locations, attention_weights, b, tile)
     smp.corner_weights(weights, buf.factors, buf.att, n)
     w = smp.tile_view(weights, [[1, 4 * n]])
     crd.mask_bits(w, w, smp.tile_view(bits, [[1, 4 * n]], dtype=nl.int32))
@@ -285,13 +276,10 @@ def gather_corner_blocks(buf: Any, tidx: Any, prod: Any, weights: Any, cfg: Any,
     ``stack // 4`` indirect transposes of whole cells, then the forward's PE transposes and
     one multiply per PSUM block (no product mask; see the module docstring)."""
     c = cfg.problem.head_dim
-    stack, per = cfg.stack, cfg.stack // 4
+    per = cfg.stack // 4
     stride = cfg.index_stride  # 16-byte-aligned index tiles (docs/kernels.md, "Indirect DMAs")
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
-        gbuf = counters["block"] % cfg.gather_bufs
-        counters["block"] += 1
-        region = counters["tile_block"] * per * stride
-        counters["tile_block"] += 1
+        gbuf, region = smp.next_gather_block(counters, cfg, per * stride)
         samples = dn // 4
         for j in range(min(per, samples)):
             m = (samples - j + per - 1) // per
@@ -300,16 +288,5 @@ def gather_corner_blocks(buf: Any, tidx: Any, prod: Any, weights: Any, cfg: Any,
             dst = smp.tile_view(buf.gathered_t[gbuf][0], [[1, m * PARTITIONS]], parts=4 * c,
                                 first_partition=j * 4 * c)
             nisa.dma_transpose(dst=dst, src=src, axes=(1, 0), oob_mode=oob)
-        for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
-            ps = buf.psum[counters["psum"] % cfg.psum_bufs]
-            counters["psum"] += 1
-            for s0 in range(k0, k0 + kn, stack):
-                f = min(stack, k0 + kn - s0)
-                nisa.nc_transpose(
-                    dst=smp.tile_view(ps, [[1, f * c]], offset=(s0 - k0) * c),
-                    data=smp.tile_view(buf.gathered_t[gbuf][0], [[1, PARTITIONS]],
-                                       offset=(s0 - d0) // stack * PARTITIONS, parts=f * c))
-            nisa.tensor_tensor(dst=smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c),
-                               data1=smp.tile_view(ps, [[c, kn], [1, c]]),
-                               data2=smp.tile_view(weights, [[1, kn], [0, c]], offset=k0),
-                               op=nl.multiply)
+        smp.weigh_psum_blocks(buf.gathered_t[gbuf], prod, weights, None, cfg, d0, dn, grp.col0,
+                              buf.psum, counters)

@@ -152,20 +152,10 @@ def _coordinate_phase(buf: _Buffers, rows: Any, weights: Any, bits: Any, cfg: Fo
                       locations: Any, attention_weights: Any, b: int, tile: Any) -> None:
     """Fill ``rows`` (uint32 row indices), ``weights`` (fp32 a * m_c * w_c) and ``bits``
     (int32 all ones for a valid corner), (n, 4) each."""
-    p = cfg.problem
     slots = cfg.slots(tile.q_pack)
     n = cfg.samples(tile.q_pack)
-    coords = smp.load_locations(buf.loc, locations, p, b, tile.q_start, tile.partitions,
-                                tile.q_pack)
-    smp.load_attention(buf.att, attention_weights, p, b, tile.q_start, tile.partitions,
-                       tile.q_pack)
-    smp.sanitize_coordinates(buf.xp, coords, buf.mask, n)
-    smp.to_pixel_coordinates(buf.xp, p, slots)
-    smp.floor_with_fraction(buf.floor, buf.frac, buf.xp, buf.loc, 2 * n)  # loc: int scratch
-    smp.clamp_corners(buf.corners, buf.floor, p, slots)
-    smp.corner_factors(buf.factors, buf.valid, buf.corners, buf.floor, buf.frac, buf.mask, n)
-    smp.corner_valid_bits(bits, buf.valid, n)
-    smp.corner_rows(rows, buf.corners, buf.head_off, p, slots)
+    smp.tile_corner_factors(buf, bits, cfg, locations, attention_weights, b, tile)
+    smp.corner_rows(rows, buf.corners, buf.head_off, cfg.problem, slots)
     smp.corner_weights(weights, buf.factors, buf.att, n)
 
 
@@ -188,10 +178,7 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
     c = cfg.problem.head_dim
     stack = cfg.stack
     for d0, dn in cfg.blocks(grp.col0, grp.cols, cfg.dma_cols):
-        gbuf = counters["block"] % cfg.gather_bufs
-        counters["block"] += 1
-        region = counters["tile_block"] * cfg.index_region
-        counters["tile_block"] += 1
+        gbuf, region = smp.next_gather_block(counters, cfg, cfg.index_region)
         for t, (c0, c1) in enumerate(cfg.channel_tiles):
             ct = c1 - c0
             for j in range(min(stack, dn)):
@@ -202,25 +189,8 @@ def _gather_transpose(buf: _Buffers, tidx: Any, prod: Any, weights: Any, bits: A
                 dst = smp.tile_view(buf.gathered_t[gbuf][t], [[1, m * PARTITIONS]], parts=ct,
                                     first_partition=j * ct)
                 nisa.dma_transpose(dst=dst, src=src, axes=(1, 0), oob_mode=oob)
-        for k0, kn in cfg.blocks(d0, dn, cfg.psum_cols):
-            ps = buf.psum[counters["psum"] % cfg.psum_bufs]
-            counters["psum"] += 1
-            for s0 in range(k0, k0 + kn, stack):
-                f = min(stack, k0 + kn - s0)
-                i = (s0 - d0) // stack
-                for t, (c0, c1) in enumerate(cfg.channel_tiles):
-                    ct = c1 - c0
-                    nisa.nc_transpose(
-                        dst=smp.tile_view(ps, [[1, f * ct]], offset=(s0 - k0) * c + c0),
-                        data=smp.tile_view(buf.gathered_t[gbuf][t], [[1, PARTITIONS]],
-                                           offset=i * PARTITIONS, parts=f * ct),
-                        engine=nisa.engine.tensor)
-            dst = smp.tile_view(prod, [[c, kn], [1, c]], offset=(k0 - grp.col0) * c)
-            nisa.tensor_tensor(dst=dst,
-                               data1=smp.tile_view(ps, [[c, kn], [1, c]]),
-                               data2=smp.tile_view(weights, [[1, kn], [0, c]], offset=k0),
-                               op=nl.multiply)
-            crd.mask_bits(dst, dst, smp.tile_view(bits, [[1, kn], [0, c]], offset=k0))
+        smp.weigh_psum_blocks(buf.gathered_t[gbuf], prod, weights, bits, cfg, d0, dn, grp.col0,
+                              buf.psum, counters)
 
 
 def _gather_copy(buf: _Buffers, gbuf: int, prod: Any, rows: Any, weights: Any, bits: Any,
