@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 import nkilib_msda
+from nkilib_msda.bench.floor import autograd_floor
 from nkilib_msda.bench.gpu import _load_cuda_op, add_cuda_op_dir
 from nkilib_msda.bench.shapes import SHAPES, make_inputs
 from nkilib_msda.validation.layouts import level_starts
@@ -171,23 +172,12 @@ def _msda_rows(cuda_function) -> dict:
     shapes_t, starts_t = _shape_tensors(shape.levels)
     api = nkilib_msda.multi_scale_deformable_attention
 
-    class Trivial(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, v, l, a):
-            ctx.save_for_backward(v, l, a)
-            return v.new_empty(grad.shape)
-
-        @staticmethod
-        def backward(ctx, g):
-            return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
-
     rows = {
         "MSDA fwd+bwd, ours, int shapes": lambda: torch.autograd.grad(
             api(leaves[0], shape.levels, None, leaves[1], leaves[2]), leaves, grad),
         "MSDA fwd+bwd, ours, CUDA tensor shapes": lambda: torch.autograd.grad(
             api(leaves[0], shapes_t, starts_t, leaves[1], leaves[2]), leaves, grad),
-        "MSDA fwd+bwd, trivial autograd.Function (floor)": lambda: torch.autograd.grad(
-            Trivial.apply(*leaves), leaves, grad),
+        "MSDA fwd+bwd, trivial autograd.Function (floor)": autograd_floor(leaves, grad),
     }
     if cuda_function is not None:
         rows["MSDA fwd+bwd, CUDA op's MSDeformAttnFunction"] = lambda: torch.autograd.grad(

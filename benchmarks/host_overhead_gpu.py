@@ -22,6 +22,7 @@ import torch
 import nkilib_msda
 from bench_gpu import SHAPES, _load_cuda_op, add_cuda_op_dir, make_inputs, shape_name
 from nkilib_msda.backends.triton import backend as tb
+from nkilib_msda.bench.floor import autograd_floor
 from host_profile import host_profile
 from nkilib_msda.pytorch.problem_cache import validated_problem
 
@@ -121,18 +122,6 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 return api(value, shape.levels, None, loc, attn, backend="triton")
 
-        class Trivial(torch.autograd.Function):
-            """Saves three inputs, allocates outputs: the autograd engine's own cost."""
-
-            @staticmethod
-            def forward(ctx, v, l, a):
-                ctx.save_for_backward(v, l, a)
-                return v.new_empty(problem.output_shape)
-
-            @staticmethod
-            def backward(ctx, g):
-                return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
-
         cpu_leaves = [torch.zeros(4, requires_grad=True) for _ in range(3)]
 
         class TrivialCPU(torch.autograd.Function):
@@ -146,7 +135,7 @@ def main(argv=None) -> int:
 
         stages = {
             "autograd floor: trivial Function fwd+bwd, CUDA tensors (baseline)":
-                lambda: torch.autograd.grad(Trivial.apply(*leaves), leaves, grad),
+                autograd_floor(leaves, grad),
             "autograd floor: trivial Function fwd+bwd, CPU tensors (baseline)":
                 lambda: torch.autograd.grad(TrivialCPU.apply(*cpu_leaves), cpu_leaves,
                                             torch.ones(4)),
