@@ -110,17 +110,25 @@ class MsdaFamily:
     def bind(self, value: Tensor, spatial_shapes: Any, level_start_index: Any,
              sampling_locations: Tensor, attention_weights: Tensor, value_layout: str,
              sampling_locations_layout: str, align_corners: bool, padding_mode: str,
-             backend: str, deterministic: bool | None, *, needs_backward: bool) -> MsdaCall:
-        """The operator's arguments bound into a call (int-list level starts None: derived)."""
+             backend: str, deterministic: bool | None, num_points: list[int] | None = None, *,
+             needs_backward: bool) -> tuple[MsdaCall, Tensor, Tensor]:
+        """The operator's arguments bound into a call (int-list level starts None: derived),
+        with the locations and weights it runs on: padded to max(num_points) points on every
+        level, or themselves when ``num_points`` is None (:mod:`.point_counts`)."""
+        if num_points is not None:
+            sampling_locations, attention_weights = pad_point_counts(
+                sampling_locations, attention_weights, num_points,
+                self.level_count(spatial_shapes), sampling_locations_layout)
         if self.tensor_shapes:
             check_shapes_tensor(spatial_shapes, level_start_index, value)
         else:
             spatial_shapes = spatial_shapes_from_flat(spatial_shapes)
             level_start_index = None if level_start_index is None else list(level_start_index)
-        return bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
+        call = bind_msda_call(value, spatial_shapes, level_start_index, sampling_locations,
                               attention_weights, value_layout, sampling_locations_layout,
                               align_corners, padding_mode, backend, deterministic,
                               needs_backward=needs_backward)
+        return call, sampling_locations, attention_weights
 
 
 INT_LIST = MsdaFamily("ms_deformable_attention",
@@ -147,17 +155,6 @@ def output_dims(value: Tensor, sampling_locations: Tensor, value_layout: str,
     queries = (sampling_locations.shape[1] if sampling_locations_layout == "BQHLP2"
                else sampling_locations.shape[2])
     return (value.shape[0], queries, heads * value.shape[3])
-
-
-def _padded_points(family: MsdaFamily, spatial_shapes: Any, sampling_locations: Tensor,
-                   attention_weights: Tensor, sampling_locations_layout: str,
-                   num_points: list[int] | None) -> tuple[Tensor, Tensor]:
-    """The locations and weights with max(num_points) points on every level (themselves when
-    ``num_points`` is None)."""
-    if num_points is None:
-        return sampling_locations, attention_weights
-    return pad_point_counts(sampling_locations, attention_weights, num_points,
-                            family.level_count(spatial_shapes), sampling_locations_layout)
 
 
 # ------------------------------------------------------------- the one autograd definition
@@ -223,12 +220,10 @@ def _register_family(family: MsdaFamily) -> None:
             raise ValueError(f"compute: expected 3 flags (value, sampling_locations, "
                              f"attention_weights), got {list(compute)!r}")
         flags = (bool(compute[0]), bool(compute[1]), bool(compute[2]))
-        locations, weights = _padded_points(family, spatial_shapes, sampling_locations,
-                                            attention_weights, sampling_locations_layout,
-                                            num_points)
-        call = family.bind(value, spatial_shapes, level_start_index, locations, weights,
-                           value_layout, sampling_locations_layout, align_corners, padding_mode,
-                           backend, deterministic, needs_backward=True)
+        call, locations, weights = family.bind(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+            value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
+            deterministic, num_points, needs_backward=True)
         call.check_grad_output(grad_output, value, locations, weights)
         grad_value, grad_loc, grad_attn = call.backward(grad_output, value, locations, weights,
                                                         flags)
@@ -261,12 +256,10 @@ def _register_family(family: MsdaFamily) -> None:
         """(B, N_q, N_h*C_h) in value's dtype, computed by ``backend``. ``deterministic`` is
         used by the backward only (bitwise-reproducible grad_value; None: the backend's
         default, e.g. ``NKILIB_MSDA_DETERMINISTIC`` for triton)."""
-        locations, weights = _padded_points(family, spatial_shapes, sampling_locations,
-                                            attention_weights, sampling_locations_layout,
-                                            num_points)
-        call = family.bind(value, spatial_shapes, level_start_index, locations, weights,
-                           value_layout, sampling_locations_layout, align_corners, padding_mode,
-                           backend, deterministic, needs_backward=False)
+        call, locations, weights = family.bind(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+            value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
+            deterministic, num_points, needs_backward=False)
         return call.forward(value, locations, weights)
 
     def forward_fake(value: Tensor, spatial_shapes: Any, level_start_index: Any,
@@ -289,9 +282,9 @@ def _register_family(family: MsdaFamily) -> None:
         ctx.msda_options = tuple(options)
         ctx.msda_call = None
         if options[-1] is None and _readable(value, spatial_shapes):
-            ctx.msda_call = family.bind(value, spatial_shapes, level_start_index,
-                                        sampling_locations, attention_weights, *options[:-1],
-                                        needs_backward=True)
+            ctx.msda_call, _, _ = family.bind(value, spatial_shapes, level_start_index,
+                                              sampling_locations, attention_weights, *options,
+                                              needs_backward=True)
 
     def backward(ctx: Any, grad_output: Tensor) -> tuple:
         value, sampling_locations, attention_weights, *shape_tensors = ctx.saved_tensors
