@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import platform
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
@@ -105,6 +106,10 @@ def cuda_device_count() -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Run the NKI forward and backward kernels in the NumPy emulator on one shape preset,
+    print their errors against the float64 reference, their modelled Trainium times and
+    CHECK PASSED or CHECK FAILED (with --report, then the emulator's cost reports), and exit 1
+    if a tolerance is exceeded. Times are rough (forward + backward on one laptop core)."""
     from nkilib_msda.tools.check import run_check
 
     ok = run_check(preset=args.preset, dtype=args.dtype, param_dtype=args.param_dtype,
@@ -123,6 +128,10 @@ def _quiet_echo(line: str = "") -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    """Run one NKI kernel in the emulator and write the timing model's Chrome trace and a PNG
+    timeline (docs/timing.md). The trace needs nothing more; the PNG needs matplotlib, the
+    `bench` extra (pip install -e ".[bench]"): without it only the trace is written, and a
+    line says so."""
     from nkilib_msda.tools.profile import (ProfileError, check_out_dir, check_timing_enabled,
                                            run_profile)
 
@@ -144,8 +153,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
-
     parser = _Parser(prog="nkilib-msda", description=__doc__, epilog=EXIT_CODES_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
@@ -154,17 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, NKI (real or emulator), available backends")
     info.set_defaults(func=cmd_info)
 
-    check = sub.add_parser(
-        "check", help="run the NKI kernels in the emulator and compare with the reference",
-        description="Run the NKI forward and backward kernels in the NumPy emulator on one shape "
-                    "preset, print their errors against the float64 reference, their modelled "
-                    "Trainium times and CHECK PASSED or CHECK FAILED (with --report, then the "
-                    "emulator's cost reports), and exit 1 if a tolerance is exceeded. Times are "
-                    "rough (forward + backward on one laptop core).",
-        epilog=_preset_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    check.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
-                       type=lambda name: PRESET_ALIASES.get(name, name),
-                       help="shape preset, see the list below (default: %(default)s)")
+    check = _emulator_command(sub, cmd_check, "see the list below", epilog=_preset_table(),
+                              help="run the NKI kernels in the emulator and compare with the reference")
     check.add_argument("--dtype", default="bfloat16", choices=KERNEL_DTYPES,
                        help="value dtype (default: %(default)s)")
     check.add_argument("--param-dtype", default="float16", choices=KERNEL_DTYPES,
@@ -173,9 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--locations-layout", choices=LOCATION_LAYOUTS, help="default: the preset's")
     check.add_argument("--align-corners", action="store_true")
     check.add_argument("--padding-mode", default="zeros", choices=KERNEL_PADDING_MODES)
-    check.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
-                       choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
-                                            "else 1; now %(default)s)")
     check.add_argument("--gather-method", choices=["transpose", "copy"], help="default: the kernel's choice")
     check.add_argument("--forward-only", action="store_true", help="skip the backward kernel")
     check.add_argument("--report", action="store_true",
@@ -187,33 +182,42 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print only the result line (and failed rows), no progress bar; "
                             "without it, runs longer than 2 s show a "
                             "progress bar on stderr when stderr is a terminal")
-    check.add_argument("--seed", type=_non_negative_int, default=0,
-                       help="random seed of the inputs, >= 0 (default: %(default)s)")
-    check.set_defaults(func=cmd_check)
 
-    profile = sub.add_parser(
-        "profile", help="modelled Trainium timeline of one kernel (Chrome trace + PNG)",
-        description="Run one NKI kernel in the emulator and write the timing model's Chrome "
-                    "trace and a PNG timeline (docs/timing.md). The trace needs nothing more; "
-                    "the PNG needs matplotlib, the `bench` extra (pip install -e \".[bench]\"): "
-                    "without it only the trace is written, and a line says so.")
-    profile.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
-                         type=lambda name: PRESET_ALIASES.get(name, name),
-                         help="shape preset, as for `check` (default: %(default)s)")
+    profile = _emulator_command(sub, cmd_profile, "as for `check`",
+                                help="modelled Trainium timeline of one kernel (Chrome trace + PNG)")
     profile.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
-    profile.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
-                         choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, else 1)")
     profile.add_argument("--target", default=None, choices=["trn2", "trn3"],
                          help="default: trn2 (or NEURON_PLATFORM_TARGET_OVERRIDE)")
     profile.add_argument("--out", default="profile",
                          help="output directory, created if missing and checked before the "
                               "simulation (default: %(default)s)")
-    profile.add_argument("--seed", type=_non_negative_int, default=0)
-    profile.set_defaults(func=cmd_profile)
 
     # `bench` is dispatched in main() before parsing; listed here for --help.
     sub.add_parser("bench", help="GPU timing table (Triton, reference, Deformable-DETR CUDA op); "
                                  "`nkilib-msda bench --help` for its options")
+    return parser
+
+
+def _emulator_command(sub: argparse._SubParsersAction, func: Callable[[argparse.Namespace], int],
+                      preset_list: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand that runs kernels in the emulator on a shape preset (``check``,
+    ``profile``): named after ``func`` (``cmd_NAME``), described by its docstring, with
+    ``--preset`` (a name of :data:`nkilib_msda.workloads.PRESETS` or an older alias),
+    ``--lnc`` and ``--seed``; ``kwargs`` go to ``add_parser`` (help, epilog)."""
+    from nkilib_msda.workloads import PRESET_ALIASES, PRESETS
+
+    parser = sub.add_parser(func.__name__.removeprefix("cmd_"),
+                            description=inspect.cleandoc(func.__doc__ or ""),
+                            formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS), metavar="PRESET",
+                        type=lambda name: PRESET_ALIASES.get(name, name),
+                        help=f"shape preset, {preset_list} (default: %(default)s)")
+    parser.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
+                        choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
+                                             "else 1; now %(default)s)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0,
+                        help="random seed of the inputs, >= 0 (default: %(default)s)")
+    parser.set_defaults(func=func)
     return parser
 
 
