@@ -361,23 +361,34 @@ def same_model(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> bool:
                 ours.get("model_hash") == aws.get("model_hash"))
 
 
-def ratio_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
-    """Nominal ours/AWS; "models differ" for rows of two timing models; "-" without timing."""
+def _comparable(ours: dict[str, Any] | None, aws: dict[str, Any] | None
+                ) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """Both rows' timings, or the text that stands for the ratio when they cannot be divided:
+    "-" without timing, "models differ" for rows of two timing models."""
     to, ta = _timing(ours), _timing(aws)
     if not to or not ta:
         return "-"
     if not same_model(ours, aws):
         return "models differ"
+    return to, ta
+
+
+def ratio_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
+    """Nominal ours/AWS, or the text of :func:`_comparable`."""
+    timings = _comparable(ours, aws)
+    if isinstance(timings, str):
+        return timings
+    to, ta = timings
     return f"{to['estimate_us'] / ta['estimate_us']:.2f}"
 
 
 def robust_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
-    """The robust ratio and where it is worst ("0.97 (spread/nominal, low)"); see ratio_text."""
-    to, ta = _timing(ours), _timing(aws)
-    if not to or not ta:
-        return "-"
-    if not same_model(ours, aws):
-        return "models differ"
+    """The robust ratio and where it is worst ("0.97 (spread/nominal, low)"), or the text of
+    :func:`_comparable`."""
+    timings = _comparable(ours, aws)
+    if isinstance(timings, str):
+        return timings
+    to, ta = timings
     worst = robust_ratio(to.get("scenarios") or {}, ta.get("scenarios") or {})
     if worst is None:
         return "-"
