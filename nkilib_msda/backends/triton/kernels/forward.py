@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from nkilib_msda.backends.triton.kernels.sampling import (
-    bilinear_corners, level_geometry, load_corners, query_block, sample_tiles, value_row_base)
+    bilinear_corners, level_geometry, load_corners, query_block, sample_block, value_row_base)
 
 
 @triton.jit
@@ -75,12 +75,11 @@ def msda_forward_samples_kernel(
     """Same contract as ``msda_forward_kernel``, but all N_l*N_p samples of the query block are
     set up and gathered at once as (BLOCK_Q, BLOCK_S, BLOCK_C) tiles (BLOCK_S = next power of
     two >= N_l*N_p), so every corner load of the block is in flight together."""
-    batch, head, row, q_mask, ch, c_mask = query_block(
-        num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
-        GRID_3D, BLOCK_Q, BLOCK_C)
-    s_mask, height, width, start, sample, _loc_x, _loc_y, u, v, a = sample_tiles(
-        loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_queries, NUM_HEADS,
-        NUM_LEVELS, NUM_POINTS, LOC_B2QHLP, BLOCK_S)
+    (batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, _loc_x, _loc_y,
+     u, v, a) = sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries,
+                             num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, NUM_LEVELS,
+                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, GRID_3D, BLOCK_Q, BLOCK_C,
+                             BLOCK_S)
     a = tl.where(s_mask[None, :], a, 0.0)  # padded samples: weight 0
     value_base = value_ptr + value_row_base(batch, head, total_pixels, NUM_HEADS,
                                             VALUE_BNLC) * HEAD_DIM

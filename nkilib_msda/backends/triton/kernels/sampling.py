@@ -236,6 +236,27 @@ def sample_tiles(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_quer
 
 
 @triton.jit
+def sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries, num_query_blocks,
+                 batch_size, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 NUM_LEVELS: tl.constexpr, NUM_POINTS: tl.constexpr, LOC_B2QHLP: tl.constexpr,
+                 INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr,
+                 BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The prologue of the samples kernels: this program's query block (:func:`query_block`)
+    and all its samples as (BLOCK_Q, BLOCK_S) tiles (:func:`sample_tiles`).
+
+    Returns (batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, loc_x,
+    loc_y, u, v, a), as those two helpers return them.
+    """
+    batch, head, row, q_mask, ch, c_mask = query_block(
+        num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
+        GRID_3D, BLOCK_Q, BLOCK_C)
+    s_mask, height, width, start, sample, loc_x, loc_y, u, v, a = sample_tiles(
+        loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_queries, NUM_HEADS,
+        NUM_LEVELS, NUM_POINTS, LOC_B2QHLP, BLOCK_S)
+    return batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, loc_x, loc_y, u, v, a
+
+
+@triton.jit
 def value_row_base(batch, head, total_pixels, NUM_HEADS: tl.constexpr, VALUE_BNLC: tl.constexpr):
     """Row of the (batch, head) slice's first pixel in value viewed as (-1, C_h) rows; its
     pixels are 1 (BNLC) or N_h (BLNC) rows apart."""
