@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from nkilib_msda.pytorch.dispatch import backend_argument
 from nkilib_msda.pytorch.functional import multi_scale_deformable_attention
-from nkilib_msda.pytorch.modules import msda_projections, reset_msda_projections
+from nkilib_msda.pytorch.modules import msda_projections, reset_msda_projections, split_heads
 from nkilib_msda.validation.arguments import (check_positive_int, check_positive_number,
                                               check_probability)
 
@@ -116,17 +116,13 @@ class MultiScaleDeformableAttention(nn.Module):
         check_probability("dropout", dropout)
         check_positive_number("value_proj_ratio", value_proj_ratio)
         backend_argument(backend)  # the name is checked now, not at the first forward
-        if embed_dims % num_heads != 0:
-            raise ValueError(f"embed_dims: expected a multiple of num_heads={num_heads}, got {embed_dims}")
+        split_heads(embed_dims, num_heads, ("embed_dims", "num_heads"),
+                    "MultiScaleDeformableAttention", "mmcv's CUDA kernel")
         value_proj_size = int(embed_dims * value_proj_ratio)
         if value_proj_size <= 0 or value_proj_size % num_heads != 0:
             raise ValueError(f"value_proj_ratio: expected int(embed_dims * value_proj_ratio) to be a "
                              f"positive multiple of num_heads={num_heads}, got {value_proj_ratio!r} "
                              f"(value projection size {value_proj_size})")
-        head_dims = embed_dims // num_heads
-        if head_dims & (head_dims - 1):
-            warnings.warn("MultiScaleDeformableAttention: embed_dims / num_heads is not a power of 2, "
-                          "which is less efficient for mmcv's CUDA kernel (harmless here)", stacklevel=2)
         self.norm_cfg = norm_cfg
         self.init_cfg = init_cfg
         self.dropout = nn.Dropout(dropout)

@@ -79,8 +79,19 @@ class MSDeformAttnFunction:
             attention_weights, backend=cls.backend)
 
 
-def _is_power_of_2(n: int) -> bool:
-    return n > 0 and (n & (n - 1)) == 0
+def split_heads(embed_dims: int, num_heads: int, names: tuple[str, str], module: str,
+                original: str) -> int:
+    """The head dimension ``embed_dims // num_heads`` of an MSDA module: ValueError naming
+    ``names[0]`` unless ``embed_dims`` is a multiple of ``num_heads``; a warning (as the
+    original ``module`` of ``original`` gives) when it is not a power of 2. ``names``: the
+    module's names of the two arguments."""
+    if embed_dims % num_heads != 0:
+        raise ValueError(f"{names[0]}: expected a multiple of {names[1]}={num_heads}, got {embed_dims}")
+    head_dim = embed_dims // num_heads
+    if head_dim & (head_dim - 1):
+        warnings.warn(f"{module}: {names[0]} / {names[1]} is not a power of 2, which is less "
+                      f"efficient for {original} (harmless here)", stacklevel=3)
+    return head_dim
 
 
 def _points_per_level(num_levels: int, num_points: int | Sequence[int]) -> tuple[int, ...]:
@@ -149,12 +160,7 @@ class MSDeformAttn(nn.Module):
             check_positive_int("n_points", n_points)
         else:
             n_points = self.num_points_list = check_num_points(n_points, n_levels, "n_points")
-        if d_model % n_heads != 0:
-            raise ValueError(f"d_model: expected a multiple of n_heads={n_heads}, got {d_model}")
-        head_dim = d_model // n_heads
-        if not _is_power_of_2(head_dim):
-            warnings.warn("MSDeformAttn: d_model / n_heads is not a power of 2, which is less "
-                          "efficient for the CUDA original (harmless here)", stacklevel=2)
+        split_heads(d_model, n_heads, ("d_model", "n_heads"), "MSDeformAttn", "the CUDA original")
         self.im2col_step = 64
         self.d_model = d_model
         self.n_levels = n_levels
