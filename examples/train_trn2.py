@@ -49,7 +49,6 @@ import os
 import socket
 import sys
 import time
-from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -58,6 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nkilib_msda import MSDeformAttn
 from nkilib_msda import buckets as bk
+from nkilib_msda.tools.argtypes import OneLineErrorParser, int_at_least, positive_float
 
 
 class DeformableDetectorHead(nn.Module):
@@ -218,53 +218,25 @@ def dry_run(args: argparse.Namespace) -> None:
                        start_method="spawn")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``train_trn2.py: error: ...``), exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: a positive integer (a count or a size), else argparse's one-line error."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 def main() -> None:
-    parser = _Parser(
+    parser = OneLineErrorParser(
         description="DDP/FSDP training with the NKI MSDA kernels on TorchNeuron (Trn2/Trn3)")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU: 2 gloo ranks, tiny sizes, NKI kernels in the emulator")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard parameters with FSDP2 (fully_shard) instead of DDP")
-    parser.add_argument("--steps", type=_positive_int, default=None)
-    parser.add_argument("--batch-size", type=_positive_int, default=None, help="per rank")
-    parser.add_argument("--image-size", type=_positive_int, default=None, help="largest image side")
-    parser.add_argument("--min-image-size", type=_positive_int, default=None, help="smallest image side")
-    parser.add_argument("--bucket-step", type=_positive_int, default=None,
+    parser.add_argument("--steps", type=int_at_least(1), default=None)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=None, help="per rank")
+    parser.add_argument("--image-size", type=int_at_least(1), default=None, help="largest image side")
+    parser.add_argument("--min-image-size", type=int_at_least(1), default=None, help="smallest image side")
+    parser.add_argument("--bucket-step", type=int_at_least(1), default=None,
                         help="bucket sides are multiples of this (a multiple of 2**levels)")
-    parser.add_argument("--d-model", type=_positive_int, default=None)
-    parser.add_argument("--levels", type=_positive_int, default=4)
-    parser.add_argument("--heads", type=_positive_int, default=8)
-    parser.add_argument("--points", type=_positive_int, default=4)
-    parser.add_argument("--queries", type=_positive_int, default=None)
-    parser.add_argument("--lr", type=_positive_float, default=1e-3)
+    parser.add_argument("--d-model", type=int_at_least(1), default=None)
+    parser.add_argument("--levels", type=int_at_least(1), default=4)
+    parser.add_argument("--heads", type=int_at_least(1), default=8)
+    parser.add_argument("--points", type=int_at_least(1), default=4)
+    parser.add_argument("--queries", type=int_at_least(1), default=None)
+    parser.add_argument("--lr", type=positive_float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="nki", choices=["nki", "reference"])
     parser.add_argument("--compile", action="store_true",

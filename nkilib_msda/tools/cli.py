@@ -9,30 +9,14 @@ import inspect
 import os
 import platform
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 from nkilib_msda._env import EnvironmentVariableError, read_env, validate_environment
 from nkilib_msda._version import __version__
 from nkilib_msda.hardware import KERNEL_DTYPES
+from nkilib_msda.tools.argtypes import OneLineErrorParser, int_at_least
 from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, VALUE_LAYOUTS
 from nkilib_msda.validation.msda import KERNEL_PADDING_MODES
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (``prog: error: ...``) and exit code 2, no usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
 
 
 def _version_of(distribution: str) -> str:
@@ -153,7 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nkilib-msda", description=__doc__, epilog=EXIT_CODES_HELP,
+    parser = OneLineErrorParser(prog="nkilib-msda", description=__doc__, epilog=EXIT_CODES_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nkilib_msda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,7 +199,7 @@ def _emulator_command(sub: argparse._SubParsersAction, func: Callable[[argparse.
     parser.add_argument("--lnc", type=int, default=read_env("NEURON_LOGICAL_NC_CONFIG") or 1,
                         choices=[1, 2], help="logical NeuronCores (default: NEURON_LOGICAL_NC_CONFIG, "
                                              "else 1; now %(default)s)")
-    parser.add_argument("--seed", type=_non_negative_int, default=0,
+    parser.add_argument("--seed", type=int_at_least(0), default=0,
                         help="random seed of the inputs, >= 0 (default: %(default)s)")
     parser.set_defaults(func=func)
     return parser
