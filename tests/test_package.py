@@ -89,17 +89,22 @@ _DEPENDENCY_NAMES = ("numpy", "ml_dtypes", "tqdm", "torch", "triton", "transform
                      "scipy", "PIL", "matplotlib", "hypothesis", "pytest", "xdist")
 
 
-def test_no_test_folder_shadows_a_dependency():
-    """pytest (prepend import mode) puts each folder holding test files and no __init__.py on
-    sys.path. A folder named like a dependency beside such files (e.g. tests/backends/triton next
-    to a test module in tests/backends) becomes an importable namespace package where the
-    dependency is not installed: ``importorskip("triton")`` then does not skip, and
-    transformers, which looks for triton, fails (seen on the CPU quick start, no gpu extra)."""
+def test_no_test_folder_shadows_a_dependency(pytestconfig):
+    """A test folder on sys.path that holds a folder or module named like a dependency (e.g.
+    tests/backends, whose triton/ would become an importable namespace package where triton is
+    not installed: ``importorskip("triton")`` then does not skip, and transformers, which looks
+    for triton, fails; seen on the CPU quick start, no gpu extra). pytest runs in importlib
+    mode, which puts no test folder on sys.path; the root conftest.py puts this checkout and
+    the helper modules' folders there: none of them may hold such a name."""
     from pathlib import Path
 
+    assert pytestconfig.getoption("importmode") == "importlib"
     root = Path(__file__).resolve().parents[1]
-    on_path = {p.parent for top in ("tests", "simulator_tests") for p in (root / top).rglob("*.py")
-               if p.name.startswith(("test_", "conftest")) and not (p.parent / "__init__.py").exists()}
-    shadows = sorted(str((d / name).relative_to(root)) for d in on_path for name in _DEPENDENCY_NAMES
+    on_path = {Path(entry).resolve() for entry in sys.path if entry}
+    test_folders = {d for d in on_path if d.is_relative_to(root / "tests")
+                    or d.is_relative_to(root / "simulator_tests")}
+    assert test_folders, "the root conftest.py puts the helper folders on sys.path"
+    shadows = sorted(str((d / name).relative_to(root)) for d in test_folders | {root}
+                     for name in _DEPENDENCY_NAMES
                      if (d / name).is_dir() or (d / f"{name}.py").is_file())
     assert not shadows, shadows

@@ -10,7 +10,7 @@ code can follow, not only the eager ones:
 - importing ``a.b.c`` from outside package ``a.b`` runs ``a.b``'s ``__init__``, an edge to it.
   The root ``nkilib_msda/__init__`` is the package face at the top and is not counted so.
 
-The emulator's own internal order is tested in tests/simulator/test_layering.py.
+The emulator's own internal order is tested in tests/simulator/test_simulator_layering.py.
 """
 
 from __future__ import annotations

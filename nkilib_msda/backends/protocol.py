@@ -3,7 +3,7 @@ capabilities it declares (one table per backend, read by dispatch and by the bac
 support check).
 
 A backend is a module. :class:`MsdaBackend` is the typed interface (``typing.Protocol``; a
-module satisfies it structurally, and ``tests/pytorch/test_torch_backend_protocol.py`` checks
+module satisfies it structurally, and ``tests/pytorch/test_dispatch_protocol.py`` checks
 every registered backend against it). Its :class:`Capabilities` say which tensors it takes
 (device types, value dtypes), which modes it computes (layouts, padding modes), whether its
 grad_value is always bitwise reproducible, and whether it also implements Block AttnRes

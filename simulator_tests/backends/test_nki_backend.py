@@ -142,7 +142,6 @@ def test_nki_backend_accepts_exactly_what_the_kernel_planners_accept():
     import torch
 
     from nkilib_msda.backends import nki_backend
-    from nkilib_msda.validation.msda import validate_msda_args
 
     def reason(shapes, heads):
         total = sum(h * w for h, w in shapes)

@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experimental" / "deformable_attention"
-                   / "plan"))
 
 from corner_cost import (PARAMETER_SETS, STRUCTURES, backward_phases,  # noqa: E402
                          forward_phases, modelled_us, robust_ratio, scenario_params)
-from test_corner_plan import problem  # noqa: E402
+from tests.experimental.deformable_attention.plan.test_corner_plan import problem  # noqa: E402
 
 from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (  # noqa: E402
     choose_forward_layout)

@@ -1,4 +1,4 @@
-"""torch.export round trip, in two fresh processes (run by test_torch_export.py):
+"""torch.export round trip, in two fresh processes (run by test_ops_export.py):
 
 - ``save DIR``: export a small model calling both MSDA and Block AttnRes, save the program and
   its inputs/expected outputs to DIR;

@@ -1,5 +1,5 @@
 """Empty inputs and autocast on the triton backend under TRITON_INTERPRET=1 (run in a
-subprocess by test_torch_layer_contract.py)."""
+subprocess by test_functional_contract.py)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Make the helper modules of this directory (``_torch_inputs``, ``_torch_ddp_worker``)
-importable whatever pytest's import mode (spawned DDP workers inherit ``sys.path``), and the
-fixtures several torch-layer test files share."""
-
-import sys
-from pathlib import Path
+"""Fixtures several torch-layer test files share (the helper modules of this folder,
+``_torch_inputs`` and the like, are put on ``sys.path`` by the root conftest.py)."""
 
 import pytest
-
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from nkilib_msda.simulator import CostReport, NkiError, nki, nisa, nl, simulate
 from nkilib_msda.simulator.jit import JitKernel
 
-from _core_helpers import load, raises_rule, store
+from _core_helpers import load, raises_rule
 
 RNG = np.random.default_rng(5)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from test_ms_deformable_attention_nonfinite import (_cast, _f64, assert_same_support_and_close,
-                                                     make_problem)
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_nonfinite import (
+    _cast, _f64, assert_same_support_and_close, make_problem)
 
 from msda_cases import MSDACase, assert_close, make_inputs
 from nkilib_msda.experimental.deformable_attention.corner_blocks import build_chunks

@@ -13,8 +13,9 @@ from msda_cases import MSDACase, with_
 from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.plan.forward_config import plan_forward
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
-from test_ms_deformable_attention_bwd import PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients, run_bwd
-from test_ms_deformable_attention_bwd_knobs import config_for
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_bwd import (
+    PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients, run_bwd)
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_bwd_knobs import config_for
 
 # the kernel's module (the package attribute of the same name is the kernel itself)
 bwd_module = importlib.import_module("nkilib_msda.experimental.deformable_attention.ms_deformable_attention_bwd")

@@ -13,8 +13,8 @@ from msda_cases import MSDACase, with_
 from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
 from nkilib_msda.validation.msda import validate_msda_args
-from test_ms_deformable_attention_bwd import (GRAD_NAMES, PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients,
-                           relative_error, run_bwd, tolerances)
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_bwd import (
+    GRAD_NAMES, PAIR_LEVELS, SMALL_LEVELS, backward_inputs, check_gradients, relative_error, run_bwd, tolerances)
 
 BASE = MSDACase(num_queries=23, num_heads=4, head_dim=16, num_points=3, spatial_shapes=PAIR_LEVELS)
 

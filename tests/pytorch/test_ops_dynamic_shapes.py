@@ -1,6 +1,6 @@
 """Dynamic batch and queries (Block AttnRes: batch and tokens) under torch.export and
 torch.compile(dynamic=True), and level starts given as a tensor while tracing (spatial shapes
-as a tensor: test_torch_tensor_shapes.py).
+as a tensor: test_tensor_shapes_ops.py).
 
 Every exported or compiled result is compared with the eager call on the same inputs, at sizes
 other than the example's; the example sizes avoid the constant dims (N_h, N_l, N_p, 2), which

@@ -29,7 +29,7 @@ from nkilib_msda.simulator.tensor import NkiTensor
 
 pytestmark = pytest.mark.emulator_only  # hooks into the emulator's DMA and tensor classes
 
-KERNEL_DIR = pathlib.Path(__file__).resolve().parents[2] / "nkilib_msda" / "experimental"
+KERNEL_DIR = pathlib.Path(__file__).resolve().parents[3] / "nkilib_msda" / "experimental"
 LEVELS = ((6, 5), (3, 4))
 
 

@@ -25,7 +25,8 @@ from nkilib_msda.backends.reference import backend as reference_torch  # noqa: E
 from nkilib_msda.pytorch import hf_kernels  # noqa: E402
 from nkilib_msda.pytorch.hf_kernels import LAYER_NAME, NkilibMSDALayerRepository  # noqa: E402
 from nkilib_msda.pytorch.modules import MultiScaleDeformableAttention  # noqa: E402
-from test_torch_hf import _forward_backward, _resnet, assert_same_results, _tiny_deformable_detr, _tiny_rt_detr  # noqa: E402
+from tests.pytorch.test_hf import (  # noqa: E402
+    _resnet, _tiny_deformable_detr, _tiny_rt_detr, assert_same_results)
 
 
 def _tiny_grounding_dino():
