@@ -12,20 +12,15 @@
 - optionally an explicit ``schema`` (otherwise inferred from ``impl``'s type hints): then the
   implementation and the fake kernel receive every argument positionally, the schema's
   defaults filled in for those the caller left out, so they need not repeat the defaults.
-
-:class:`CallHandoff` passes the call object an implementation bound from its arguments on to
-the ``setup_context`` that follows it, so the autograd node re-uses it instead of binding again.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["LIBRARY", "register_operator", "CallHandoff"]
+__all__ = ["LIBRARY", "register_operator"]
 
 LIBRARY = "nkilib_msda"
 # custom_op cannot register autocast keys itself: they go through a Library fragment.
@@ -73,36 +68,3 @@ def _autocast_off(name: str, device_type: str) -> Callable[..., Any]:
             return getattr(torch.ops.nkilib_msda, name).default(*args, **kwargs)
 
     return kernel
-
-
-CallT = TypeVar("CallT")
-
-
-class CallHandoff(Generic[CallT]):
-    """One slot per thread: an operator implementation ``put``s the call it bound for its
-    input tensors; the ``setup_context`` that follows it ``take``s it back for the same tensor
-    objects (held by weak reference, so a slot nobody takes keeps nothing alive; None stands
-    for an absent optional tensor). Anything
-    else (a fake kernel ran instead, another thread) finds nothing and binds anew."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def put(self, tensors: tuple[Any, ...], call: CallT) -> None:
-        self._local.slot = (tuple(None if t is None else weakref.ref(t) for t in tensors), call)
-
-    def clear(self) -> None:
-        self._local.slot = None
-
-    def take(self, tensors: tuple[Any, ...]) -> CallT | None:
-        slot = getattr(self._local, "slot", None)
-        self._local.slot = None
-        if slot is None:
-            return None
-        refs, call = slot
-        if len(refs) != len(tensors):
-            return None
-        for ref, t in zip(refs, tensors):
-            if (t if ref is None else ref()) is not t or (ref is None) != (t is None):
-                return None
-        return call

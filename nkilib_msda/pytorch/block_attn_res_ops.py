@@ -31,7 +31,8 @@ from torch import Tensor
 from nkilib_msda.backends import block_attn_res_backends, get_backend
 from nkilib_msda.pytorch._modes import (
     FAST_PATH_DEVICES, autocast_disabled, can_skip_dispatcher, profiler_range)
-from nkilib_msda.pytorch._registration import CallHandoff, register_operator
+from nkilib_msda.pytorch._registration import register_operator
+from nkilib_msda.pytorch.problem_cache import memoized, tensor_facts
 from nkilib_msda.validation.block_attn_res import (
     BlockAttnResProblem, validate_block_attn_res_args,
     validate_block_attn_res_backward_args, validate_stacked_backward_args, validate_stacked_values)
@@ -45,11 +46,9 @@ BACKENDS = block_attn_res_backends()  # from the backends' declared capabilities
 FORWARD_NAME = "nkilib_msda::block_attn_res"
 BACKWARD_NAME = "nkilib_msda::block_attn_res_backward"
 
-# The public function hands the problem it validated for the stacked values it built to the
-# operator it calls, and the autograd backward its saved call to the backward operator, so a
-# forward + backward through the dispatcher validates once and selects once.
-_CHECKED: CallHandoff[BlockAttnResProblem] = CallHandoff()
-_BACKWARD_HANDOFF: CallHandoff[BlockAttnResCall] = CallHandoff()
+# The operators, their setup_context and the backward operator each bind from their own
+# arguments; the validation behind the binding is memoized on its static facts
+# (:mod:`.problem_cache`), so a forward + backward through the dispatcher validates once.
 
 def select_backend(backend: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """Explicit argument, else ``NKILIB_MSDA_BACKEND`` (if it names a Block AttnRes backend),
@@ -97,6 +96,17 @@ class BlockAttnResCall:
                 self.enable_rmsnorm)
 
 
+def _key(operator: str, tensors: tuple, scale: Any, eps: Any, enable_rmsnorm: Any
+         ) -> tuple | None:
+    """The memo key of an operator's validation: the tensors' (shape, dtype, device) and the
+    scalars with their types (``True`` == 1 and ``1.0`` == 1, but they validate differently)."""
+    facts = tensor_facts(*tensors)
+    if facts is None:
+        return None
+    return (operator, facts, type(scale), scale, type(eps), eps, type(enable_rmsnorm),
+            enable_rmsnorm)
+
+
 def _bind(problem: BlockAttnResProblem, backend: str | None, device: torch.device,
           dtype: torch.dtype, scale: float, rmsnorm_eps: float, enable_rmsnorm: bool
           ) -> BlockAttnResCall:
@@ -114,18 +124,17 @@ def _block_attn_res_backward_impl(grad_h: Tensor, values: Tensor, proj_weight: T
                                enable_rmsnorm: bool, backend: str = AUTO
                                ) -> tuple[Tensor, Tensor, Tensor]:
     """-> (grad_values [L, B, T, D], grad_w [D], grad_gamma [D] (empty without RMSNorm))."""
-    call = _BACKWARD_HANDOFF.take((grad_h, values, proj_weight, alpha))
-    if call is None:
-        problem = validate_stacked_backward_args(grad_h, values, proj_weight, alpha,
-                                                 rmsnorm_gamma, rms, scale, enable_rmsnorm,
-                                                 allowed_dtypes=FLOAT_DTYPE_NAMES)
-        call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
+    key = _key("block_attn_res_backward", (grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms),
+               scale, 0.0, enable_rmsnorm)
+    problem = memoized(key, lambda: validate_stacked_backward_args(
+        grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, scale, enable_rmsnorm,
+        allowed_dtypes=FLOAT_DTYPE_NAMES))
+    call = _bind(problem, backend, values.device, values.dtype, scale, 0.0, enable_rmsnorm)
     return call.backward(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms)
 
 
 def _block_attn_res_backward_fake(grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms, scale,
                                   enable_rmsnorm, backend=AUTO):
-    _BACKWARD_HANDOFF.clear()
     grad_gamma = (proj_weight.new_empty(rmsnorm_gamma.shape, dtype=rmsnorm_gamma.dtype)
                   if enable_rmsnorm else proj_weight.new_empty((0,)))
     return values.new_empty(values.shape), proj_weight.new_empty(proj_weight.shape), grad_gamma
@@ -133,6 +142,21 @@ def _block_attn_res_backward_fake(grad_h, values, proj_weight, alpha, rmsnorm_ga
 
 block_attn_res_backward_op = register_operator(
     "block_attn_res_backward", _block_attn_res_backward_impl, _block_attn_res_backward_fake)
+
+
+def _stacked(problem: BlockAttnResProblem) -> BlockAttnResProblem:
+    """The problem of the operators' form: the L sources stacked, counted as L blocks."""
+    return replace(problem, num_blocks=problem.num_sources, has_partial=False)
+
+
+def _remember_backward(call: BlockAttnResCall, grad_h: Tensor, values: Tensor,
+                       proj_weight: Tensor, alpha: Tensor, rmsnorm_gamma: Tensor | None,
+                       rms: Tensor | None) -> None:
+    """Memo entry of the backward operator's validation for the arguments of a bound call: a
+    grad_h shaped like the output and the forward's own alpha / rms validate to the call's
+    problem, so the backward operator binds without validating again."""
+    memoized(_key("block_attn_res_backward", (grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms),
+                  call.scale, 0.0, call.enable_rmsnorm), lambda: _stacked(call.problem))
 
 
 def _save_context(ctx: Any, values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Tensor | None,
@@ -158,8 +182,9 @@ def block_attn_res_input_gradients(ctx: Any, grad_h: Tensor
             grad_values, grad_w, grad_gamma = call.backward(
                 grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None)
     else:
-        if as_expected:  # otherwise the operator's validation reports it
-            _BACKWARD_HANDOFF.put((grad_h, values, proj_weight, alpha), call)
+        if as_expected:  # the backward operator's validation is the forward's (memo entry)
+            _remember_backward(call, grad_h, values, proj_weight, alpha, rmsnorm_gamma,
+                               rms if rms_on else None)
         grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
             grad_h, values, proj_weight, alpha, rmsnorm_gamma, rms if rms_on else None,
             call.scale, rms_on, call.op_backend)
@@ -170,32 +195,28 @@ def block_attn_res_input_gradients(ctx: Any, grad_h: Tensor
     return grad_values, grad_w, grad_gamma
 
 
-_HANDOFF: CallHandoff[BlockAttnResCall] = CallHandoff()
-
-
 def _block_attn_res_impl(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor],
                       scale: float, rmsnorm_eps: float, enable_rmsnorm: bool,
                       backend: str = AUTO) -> tuple[Tensor, Tensor, Tensor]:
     """values [L, B, T, D] -> (h [B, T, D], rms [B, T, L, 1] or empty, alpha [B, T, L])."""
     call = _bind_op(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm,
                     backend)
-    _HANDOFF.put((values, proj_weight, rmsnorm_gamma), call)
     return call.forward(values, proj_weight, rmsnorm_gamma)
 
 
 def _bind_op(values: Tensor, proj_weight: Tensor, rmsnorm_gamma: Optional[Tensor], scale: float,
              rmsnorm_eps: float, enable_rmsnorm: bool, backend: str) -> BlockAttnResCall:
-    problem = _CHECKED.take((values, proj_weight, rmsnorm_gamma))
-    if problem is None:
-        problem = validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
-                                          enable_rmsnorm, allowed_dtypes=FLOAT_DTYPE_NAMES)
+    problem = memoized(
+        _key("block_attn_res", (values, proj_weight, rmsnorm_gamma), scale, rmsnorm_eps,
+             enable_rmsnorm),
+        lambda: validate_stacked_values(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
+                                        enable_rmsnorm, allowed_dtypes=FLOAT_DTYPE_NAMES))
     return _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
                  enable_rmsnorm)
 
 
 def _block_attn_res_fake(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps, enable_rmsnorm,
                          backend=AUTO):
-    _HANDOFF.clear()
     n_src, b, t, d = values.shape
     cd = _compute_dtype(values.dtype)
     rms_shape = (b, t, n_src, 1) if enable_rmsnorm else (0,)
@@ -206,9 +227,7 @@ def _block_attn_res_fake(values, proj_weight, rmsnorm_gamma, scale, rmsnorm_eps,
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     values, proj_weight, rmsnorm_gamma, scale, eps, enable_rmsnorm, backend = inputs
     _h, rms, alpha = output
-    call = _HANDOFF.take((values, proj_weight, rmsnorm_gamma))
-    if call is None:  # the fake kernel ran (tracing): bind the traced arguments
-        call = _bind_op(values, proj_weight, rmsnorm_gamma, scale, eps, enable_rmsnorm, backend)
+    call = _bind_op(values, proj_weight, rmsnorm_gamma, scale, eps, enable_rmsnorm, backend)
     _save_context(ctx, values, proj_weight, rmsnorm_gamma, rms, alpha, call)
 
 
@@ -242,7 +261,7 @@ def _run_forward(problem: BlockAttnResProblem, backend: str | None, values: Tens
                  proj_weight: Tensor, rmsnorm_gamma: Tensor | None, scale: float,
                  rmsnorm_eps: float, enable_rmsnorm: bool) -> tuple[Tensor, Tensor, Tensor]:
     """In plain eager mode (CPU/CUDA) the call bound here runs directly; otherwise the
-    registered operator binds it (with the problem validated here, for these very tensors)."""
+    registered operator binds it (its validation memoized, :mod:`.problem_cache`)."""
     tensors = [t for t in (values, proj_weight, rmsnorm_gamma) if t is not None]
     if values.device.type in FAST_PATH_DEVICES and can_skip_dispatcher(*tensors):
         call = _bind(problem, backend, values.device, values.dtype, scale, rmsnorm_eps,
@@ -251,8 +270,9 @@ def _run_forward(problem: BlockAttnResProblem, backend: str | None, values: Tens
             return BlockAttnResFunction.apply(values, proj_weight, rmsnorm_gamma, call)
         with profiler_range(FORWARD_NAME):
             return call.forward(values, proj_weight, rmsnorm_gamma)
-    stacked = replace(problem, num_blocks=problem.num_sources, has_partial=False)
-    _CHECKED.put((values, proj_weight, rmsnorm_gamma), stacked)
+    # The operator's validation of the stacked values is this one (memo entry, as MSDA's).
+    memoized(_key("block_attn_res", (values, proj_weight, rmsnorm_gamma), scale, rmsnorm_eps,
+                  enable_rmsnorm), lambda: _stacked(problem))
     return block_attn_res_op(values, proj_weight, rmsnorm_gamma, float(scale), float(rmsnorm_eps),
                              bool(enable_rmsnorm), backend_argument(backend, BACKENDS))
 
@@ -304,7 +324,7 @@ def block_attn_res_backward(grad_h: Tensor, blocks: Sequence[Tensor], proj_weigh
             with profiler_range(BACKWARD_NAME):
                 grad_values, grad_w, grad_gamma = call.backward(*args)
         else:
-            _BACKWARD_HANDOFF.put(args[:4], call)
+            _remember_backward(call, *args[:4], args[4], args[5])
             grad_values, grad_w, grad_gamma = block_attn_res_backward_op(
                 *args, call.scale, call.enable_rmsnorm, call.op_backend)
     n_blocks = len(blocks)

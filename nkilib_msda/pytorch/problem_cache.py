@@ -1,4 +1,9 @@
-"""Memoized :func:`~nkilib_msda.validation.msda.validate_msda_args` for torch tensors.
+"""Memoized validation for torch tensors: the torch layer's one hand-off between the places
+that bind a call (public functions, operators, their ``setup_context`` and backward), for MSDA
+(:func:`validated_problem`, :func:`~nkilib_msda.validation.msda.validate_msda_args`) and Block
+AttnRes (:func:`memoized` with :func:`tensor_facts` keys, in :mod:`.block_attn_res_ops`). Each
+place binds from its own arguments; the validation behind the binding runs once per set of
+static facts.
 
 Validation only reads static facts: the spatial shapes and level starts (their values), the
 shape and dtype of each tensor, the layouts and the flags. :func:`validated_problem` keys a
@@ -21,7 +26,7 @@ problem then carries the real B and N_q, and the operators return empty results 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor
@@ -29,11 +34,13 @@ from torch import Tensor
 from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, level_starts, location_axis
 from nkilib_msda.validation.msda import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
-__all__ = ["validated_problem", "spatial_shapes_tuple", "clear_problem_cache", "check_readable",
-           "check_static", "MAX_CACHED_PROBLEMS"]
+__all__ = ["validated_problem", "memoized", "tensor_facts", "spatial_shapes_tuple",
+           "clear_problem_cache", "check_readable", "check_static", "MAX_CACHED_PROBLEMS"]
 
 MAX_CACHED_PROBLEMS = 256
-_PROBLEMS: dict[tuple, MSDAProblem] = {}
+# MSDA problems and Block AttnRes problems (their keys start with the operator's name)
+_PROBLEMS: dict[tuple, Any] = {}
+P = TypeVar("P")
 
 
 def clear_problem_cache() -> None:
@@ -149,6 +156,43 @@ def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
             value_layout, sampling_locations_layout, align_corners, padding_mode, grad_key)
 
 
+def memoized(key: tuple | None, validate: Callable[[], P]) -> P:
+    """``validate()``'s result, run only on a miss of ``key``: the one hand-off between the
+    torch layer's binding places (the public functions, the operators, their setup_context and
+    backward), for MSDA and Block AttnRes alike. ``key``: the exact static facts the validation
+    reads, or None (no exact form, e.g. while tracing): validate every time. An error is
+    raised again every time (never cached)."""
+    if key is not None:
+        try:
+            problem = _PROBLEMS.get(key)
+        except TypeError:  # an unhashable (symbolic) size
+            key, problem = None, None
+        if problem is not None:
+            return problem
+    problem = validate()
+    if key is not None:
+        if len(_PROBLEMS) >= MAX_CACHED_PROBLEMS:
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
+
+
+def tensor_facts(*tensors: Any) -> tuple | None:
+    """(shape, dtype, device) of each tensor (None for an absent optional one), or None when
+    an argument is not a tensor or torch.compile traces (symbolic sizes): a memo key part."""
+    if torch.compiler.is_compiling():
+        return None
+    facts: list[tuple | None] = []
+    for t in tensors:
+        if t is None:
+            facts.append(None)
+        elif isinstance(t, Tensor):
+            facts.append((t.shape, t.dtype, t.device))
+        else:
+            return None
+    return tuple(facts)
+
+
 def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
                       sampling_locations: Any, attention_weights: Any, value_layout: str = "BLNC",
                       sampling_locations_layout: str = "BQHLP2", align_corners: bool = False,
@@ -168,21 +212,9 @@ def validated_problem(value: Any, spatial_shapes: Any, level_start_index: Any,
         key = _problem_key(value, spatial_shapes, level_start_index, sampling_locations,
                            attention_weights, value_layout, sampling_locations_layout,
                            align_corners, padding_mode, grad_output)
-    if key is not None:
-        try:
-            problem = _PROBLEMS.get(key)
-        except TypeError:  # an unhashable (symbolic) size
-            key, problem = None, None
-        if problem is not None:
-            return problem
-    problem = _validate(value, spatial_shapes, level_start_index, sampling_locations,
-                        attention_weights, value_layout, sampling_locations_layout, align_corners,
-                        padding_mode, grad_output)
-    if key is not None:
-        if len(_PROBLEMS) >= MAX_CACHED_PROBLEMS:
-            _PROBLEMS.clear()
-        _PROBLEMS[key] = problem
-    return problem
+    return memoized(key, lambda: _validate(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+        value_layout, sampling_locations_layout, align_corners, padding_mode, grad_output))
 
 
 # ------------------------------------------------------------------ empty inputs
