@@ -623,3 +623,38 @@ def test_every_public_function_written_in_api_md_has_its_signature_checked():
                 written.add(public)
     assert written, "no public signature found in api.md"
     assert written <= SIGNATURE_CHECKED, sorted(written - SIGNATURE_CHECKED)
+
+
+def _architecture_layout() -> tuple[str, str]:
+    """(the top-level sentence, the layout code block) of docs/architecture.md, "Layout"."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Layout"):]
+    top = section[:section.index("```")]
+    block = section[section.index("```") + 3:]
+    return top, block[:block.index("```")]
+
+
+def _ls(folder: Path) -> set[str]:
+    """What ``ls folder`` shows (no hidden entries), folders with a trailing slash."""
+    return {p.name + "/" if p.is_dir() else p.name for p in folder.iterdir()
+            if not p.name.startswith(".") and p.name != "__pycache__"}
+
+
+def test_architecture_layout_is_what_ls_shows():
+    """docs/architecture.md names every entry of the top level and of every package folder,
+    and every file or folder name it lists exists (names only: `ls`, not the prose)."""
+    top, block = _architecture_layout()
+    assert set(re.findall(r"`([^`]+)`", top.split(":", 1)[1])) == _ls(ROOT)
+    package = [ROOT / "nkilib_msda", *sorted(p for p in (ROOT / "nkilib_msda").rglob("*")
+                                             if p.is_dir() and p.name != "__pycache__")]
+    entries = set().union(*(_ls(folder) for folder in package)) | {"nkilib_msda/"}
+    listed = set(re.findall(r"(?<![\w/.])([A-Za-z_]\w*(?:\.py|\.json|\.typed)|[A-Za-z_]\w*/)",
+                            block))
+    missing = sorted(entries - listed)
+    assert not missing, f"docs/architecture.md does not list {missing}"
+    known = entries | _ls(ROOT) | set().union(*(_ls(p) for top_dir in ("tests", "simulator_tests",
+                                                                        "benchmarks")
+                                                for p in [ROOT / top_dir, *(ROOT / top_dir).rglob("*")]
+                                                if p.is_dir() and p.name != "__pycache__"))
+    stale = sorted(name for name in listed - known if name not in {"results.json"})
+    assert not stale, f"docs/architecture.md lists {stale}, which ls does not show"
