@@ -19,7 +19,7 @@ import triton.language as tl
 
 from nkilib_msda.backends.triton.kernels.backward import _location_gradients, _row_scales
 from nkilib_msda.backends.triton.kernels.sampling import (
-    bilinear_corners, query_block, sample_tiles, value_row_base)
+    bilinear_corners, sample_block, value_row_base)
 
 
 @triton.jit
@@ -61,12 +61,11 @@ def msda_backward_split_kernel(
     """Same contract as ``msda_backward_samples_kernel``; CHANNEL_TILES divides BLOCK_C."""
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
     CK: tl.constexpr = BLOCK_C // CHANNEL_TILES
-    batch, head, row, q_mask, ch, c_mask = query_block(
-        num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
-        GRID_3D, BLOCK_Q, BLOCK_C)
-    s_mask, height, width, start, sample, loc_x, loc_y, u, v, a = sample_tiles(
-        loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_queries, NUM_HEADS,
-        NUM_LEVELS, NUM_POINTS, LOC_B2QHLP, BLOCK_S)
+    (batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, loc_x, loc_y,
+     u, v, a) = sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries,
+                             num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, NUM_LEVELS,
+                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, GRID_3D, BLOCK_Q, BLOCK_C,
+                             BLOCK_S)
     store_mask = q_mask[:, None] & s_mask[None, :]
     a = tl.where(store_mask, a, 0.0)  # tail queries and padded samples contribute nothing
     row_key_base = value_row_base(batch, head, total_pixels, NUM_HEADS, VALUE_BNLC)
