@@ -16,7 +16,7 @@ and two different corners of one sample, which are different pixels of the same 
 both are inside the map. A corner outside the map (whose clamped row could equal another
 corner's) gets an out-of-range index and is skipped (``oob_mode.skip``), like rows past the
 super-tile's live partitions. Brute-forced in
-``tests/experimental/deformable_attention/plan/test_backward_scatter_fold.py``.
+``tests/experimental/deformable_attention/test_backward_scatter_fold.py``.
 
 Data movement: the index columns are permuted once per super-tile and each block's scatter data
 once per block, by SBUF-to-SBUF hardware-DGE copies (Sync and Scalar queues in turn, no GpSimd

@@ -10,8 +10,9 @@ import pytest
 
 from msda_cases import MSDACase
 from nkilib_msda.reference import ms_deformable_attention_bwd_ref
-from test_ms_deformable_attention_bwd import backward_inputs, check_gradients, run_bwd
-from test_ms_deformable_attention_bwd_knobs import config_for
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_bwd import (
+    backward_inputs, check_gradients, run_bwd)
+from simulator_tests.experimental.deformable_attention.test_ms_deformable_attention_bwd_knobs import config_for
 
 CASES = [
     # 40 queries: 2 full blocks + a 64-partition tail
