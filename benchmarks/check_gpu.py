@@ -327,10 +327,9 @@ def cases():
         plan_changes=dict(samples_backward=tb.KernelConfig(4, 4)))
     for i, (vl, ll, ac, pm) in enumerate(combos):  # switches of issue 31 item 3 (docs/triton.md)
         dtype = (torch.float32, torch.bfloat16)[i // 2]
-        tiles = 2 if dtype == torch.bfloat16 or i == 0 else 4
-        yield f"split-backward {tiles} tiles, 3-D grid, maxnreg 48 {vl}/{ll} ac={ac} {pm}", dtype, dict(
+        yield f"samples-backward 3-D grid, maxnreg 48 {vl}/{ll} ac={ac} {pm}", dtype, dict(
             value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, queries=61,
-            points=4 + i, plan_changes=dict(backward_channel_tiles=tiles, grid_3d=True,
+            points=4 + i, plan_changes=dict(grid_3d=True,
                                             samples_backward=tb.KernelConfig(2, 2, maxnreg=48)))
     for i, (vl, ll, ac, pm) in enumerate(combos):
         yield f"samples-kernel {vl}/{ll} ac={ac} {pm} C_h={32 - 4 * i}", torch.float32, dict(

@@ -229,12 +229,6 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "instead of a flat one (no integer division per program; not yet measured on a GPU); "
            "read when a launch is planned",
            lambda: env_choice("NKILIB_MSDA_TRITON_GRID", ("flat", "3d"), default="flat")),
-    EnvVar("NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES", "`1` (default), `2`, `4`",
-           "Triton backend: the fast-mode backward splits each corner row into this many "
-           "channel tiles, so fewer threads share (and repeat the setup of) a sample (not yet "
-           "measured on a GPU); read when a launch is planned",
-           lambda: int(env_choice("NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES", ("1", "2", "4"),
-                                  default="1"))),
     EnvVar("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "`auto` (default), `32`, `40`, `48`, `56`, `64`",
            "Triton backend: register cap per thread of the fast-mode (all-samples) backward "
            "kernel, for more resident programs per SM (not yet measured on a GPU); read when a "

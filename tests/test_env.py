@@ -197,8 +197,7 @@ def test_backend_choices_are_the_registered_backends():
     ("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1"), ("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2"),
     ("NKILIB_MSDA_BACKEND", "cuda"), ("NKILIB_MSDA_NKI", "real"),
     ("NEURON_CC_FLAGS", "-O2 --lnc=4"), ("NEURON_CC_FLAGS", "--logical-nc-config"),
-    ("NKILIB_MSDA_TRITON_GRID", "2d"), ("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "47"),
-    ("NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES", "3")])
+    ("NKILIB_MSDA_TRITON_GRID", "2d"), ("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "47")])
 def test_every_bad_value_is_one_error_type_naming_the_variable(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(EnvironmentVariableError, match=rf"^{name}: expected .*got {raw!r}"):
@@ -217,7 +216,6 @@ def test_defaults_and_case(monkeypatch):
         "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
         "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False,
         "NKILIB_MSDA_TRITON_GRID": "flat", "NKILIB_MSDA_TRITON_BACKWARD_MAXNREG": None,
-        "NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES": 1,
         "NKILIB_MSDA_EMULATOR_TIMING": True, "USE_HUB_KERNELS": "", "DISABLE_KERNEL_MAPPING": ""}
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", " Reference ")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3")

@@ -178,7 +178,6 @@ def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool
     the samples kernel the same without keys and coefs."""
     from nkilib_msda.backends.triton.kernels.backward import (
         msda_backward_kernel, msda_backward_samples_kernel)
-    from nkilib_msda.backends.triton.kernels.backward_split import msda_backward_split_kernel
 
     samples = uses_samples_backward(plan, deterministic)
     cfg = plan.samples_backward if samples else plan.backward
@@ -189,9 +188,6 @@ def _backward_launch(problem: MSDAProblem, plan: LaunchPlan, compute: tuple[bool
     scalars: tuple = (problem.num_queries, problem.total_pixels, n_blocks, problem.batch)
     if samples:
         kwargs["BLOCK_S"] = next_pow2(problem.num_levels * problem.num_points)
-        if plan.backward_channel_tiles > 1:
-            kwargs["CHANNEL_TILES"] = plan.backward_channel_tiles
-            return msda_backward_split_kernel, grid, scalars, kwargs
         return msda_backward_samples_kernel, grid, scalars, kwargs
     num_rows = problem.batch * problem.total_pixels * problem.num_heads if deterministic else 0
     kwargs["DETERMINISTIC"] = deterministic

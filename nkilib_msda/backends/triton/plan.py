@@ -13,11 +13,9 @@ from nkilib_msda._env import read_env
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["KernelConfig", "LaunchPlan", "plan_launch", "needs_int64", "with_configs",
-           "uses_samples_backward", "uses_grid_3d", "GRID_Y_MAX", "split_backward_tiles"]
+           "uses_samples_backward", "uses_grid_3d", "GRID_Y_MAX"]
 
 INT32_MAX = 2**31 - 1
-# Register cap of the channel-split backward for 16-bit values when none is asked for.
-SPLIT_16BIT_MAXNREG = 64
 # CUDA's limit on the second and third grid dimensions (the batch and head axes of grid_3d).
 GRID_Y_MAX = 65535
 # The largest fp32 grad_value accumulator a call signature keeps between calls (see
@@ -61,9 +59,6 @@ class LaunchPlan:
     forward_kernel: str = "points"  # "points": loop over (l, p); "samples": all samples at once
     backward_kernel: str = "points"  # the same choice for the fast-mode backward
     samples_backward: KernelConfig = KernelConfig(1, 2)  # tiles of the all-samples backward
-    # > 1: the all-samples backward splits the channel axis into this many tiles, each thread
-    # holding one 16-byte vector of each (kernels/backward_split.py): fewer threads per sample
-    backward_channel_tiles: int = 1
     head_slowest: bool = True  # program order: all resident programs share one (head, batch)
     # Head-slowest order from a (query blocks, batch, heads) grid instead of a flat one: the
     # kernels read their coordinates from the program ids instead of dividing the flat id
@@ -115,12 +110,11 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     or with 8 (fp32) / 16 (16-bit) samples per program when queries have fewer samples (the
     points backward, 4 elements per thread, in deterministic mode). With
     KEEP_SCRATCH_BY_DEFAULT, 16-bit values of up to KEPT_SCRATCH_MAX_BYTES of fp32 keep their
-    grad_value accumulator between calls. Two switches not yet measured on a GPU, off by
-    default, are read from the environment here (issue 31 item 3): NKILIB_MSDA_TRITON_GRID=3d
-    (``grid_3d``), NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES (``backward_channel_tiles``, capped
-    so that two threads with a 16-byte vector each still share each tile of a row, with the
-    tiles of ``split_backward_tiles``) and NKILIB_MSDA_TRITON_BACKWARD_MAXNREG (the all-samples
-    backward's ``maxnreg``); plans are memoized, so they are read once per problem and dtype."""
+    grad_value accumulator between calls. Two switches not yet measured on their own on a GPU,
+    off by default, are read from the environment here (issue 31 item 3):
+    NKILIB_MSDA_TRITON_GRID=3d (``grid_3d``) and NKILIB_MSDA_TRITON_BACKWARD_MAXNREG (the
+    all-samples backward's ``maxnreg``); plans are memoized, so they are read once per problem
+    and dtype."""
     block_c = next_pow2(problem.head_dim)
     block_s = next_pow2(problem.num_levels * problem.num_points)
     sm_count = _sm_count(device_index)
@@ -148,17 +142,6 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     if forward_kernel == "points":
         samples_q = max(1, (8 if vector == 4 else 16) // block_s)
     samples_maxnreg = read_env("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG")
-    # At least two threads per sample, so each reduction instruction covers whole 32-byte
-    # sectors of a row (one thread's 16 bytes would be half a sector).
-    channel_tiles = min(read_env("NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES"),
-                        max(1, block_c // (2 * vector)))
-    if channel_tiles > 1:
-        samples_q, samples_warps = split_backward_tiles(
-            block_s, block_c // (channel_tiles * vector), samples_q, forward_kernel == "points")
-        if samples_maxnreg is None and vector == 8:
-            # 16-bit split programs take 72-80 registers uncapped (14 or 12 per SM); at 64, 16
-            # fit, as for the unsplit TSA program, without spills (Triton 3.6, sm_90).
-            samples_maxnreg = SPLIT_16BIT_MAXNREG
     value_elements = problem.batch * problem.total_pixels * problem.num_heads * problem.head_dim
     small = value_elements * 4 <= KEPT_SCRATCH_MAX_BYTES
     scratch = "kept" if KEEP_SCRATCH_BY_DEFAULT and vector == 8 and small else "fresh"
@@ -172,22 +155,8 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
         forward_kernel=forward_kernel,
         backward_kernel="samples",
         samples_backward=KernelConfig(samples_q, samples_warps, maxnreg=samples_maxnreg),
-        backward_channel_tiles=channel_tiles,
         grid_3d=read_env("NKILIB_MSDA_TRITON_GRID") == "3d",
     )
-
-
-def split_backward_tiles(block_s: int, threads_per_sample: int, block_q: int,
-                         large: bool) -> tuple[int, int]:
-    """(queries, warps) of a program of the channel-split backward (kernels/backward_split.py),
-    where ``threads_per_sample`` threads share each sample (block_s per query): on large
-    problems at least two warps' worth of samples (doubling the queries, as the unsplit kernel
-    has two warps on the encoder), else the query block as it is; one sample per thread group,
-    so no warp repeats another's work."""
-    threads_per_sample = max(1, threads_per_sample)
-    while large and block_q * block_s * threads_per_sample < 64 and block_q < 64:
-        block_q *= 2
-    return block_q, max(1, min(8, block_q * block_s * threads_per_sample // 32))
 
 
 def with_configs(plan: LaunchPlan, **changes) -> LaunchPlan:

@@ -163,20 +163,6 @@ def case_grid_3d():
     return worst, ok and points_ok
 
 
-def case_split_backward():
-    """The channel-split all-samples backward (NKILIB_MSDA_TRITON_BACKWARD_CHANNEL_TILES): 2 and
-    4 channel tiles over the configurations above (C_h 5, 6 and 8: partly masked tiles), the
-    second on the (query blocks, batch, heads) grid, then 2 tiles with C_h = 32 and 16
-    samples per query, BNLC, border padding."""
-    worst, ok = _backward_kernel_cases("samples", dict(backward_channel_tiles=2))
-    more, more_ok = _backward_kernel_cases("samples", dict(backward_channel_tiles=4, grid_3d=True))
-    worst = [max(w, e) for w, e in zip(worst, more)]
-    v, l, a, g = make(26, queries=7, channels=32, points=8, value_layout="BNLC")
-    changes = dict(_blocks(4, 4, 2), backward_channel_tiles=2)
-    errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts("BNLC", padding_mode="border"), changes)
-    return [max(w, e) for w, e in zip(worst, errors)], ok and more_ok and shapes_ok
-
-
 def _backward_kernel_cases(kernel, extra=None):
     worst = [0.0] * 4
     ok = True

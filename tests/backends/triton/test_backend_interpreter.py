@@ -35,7 +35,6 @@ CASE_NAMES = [
     "samples_backward",
     "points_backward_fast_mode",
     "grid_3d",
-    "split_backward",
     "nonfinite_coordinates",
     "nonfinite_values_outside_map",
     "edge_numerics",
