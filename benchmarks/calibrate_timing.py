@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/calibrate_timing.py PATH_TO_NKI_LIBRARY_CHECKOUT [--kernels qkv_tkg,mlp_tkg]
-        [--limit N] [--timeout-s 300] [--rerun] [--no-run] [--fit [--write-back]] [--markdown]
+        [--limit N] [--timeout-s 300] [--rerun] [--no-run] [--fit [--write-back]] [--structures]
+        [--markdown]
 
 nki-library's integration tests list, per configuration, a value measured on hardware
 (``tpbSgCyclesSum`` or ``cyclesQoR``; most likely picoseconds: see docs/calibration.md). This script
@@ -18,7 +19,9 @@ subprocess under ``--timeout-s`` (run it with ``nice``).
 ``--fit`` fits the unknowns on the fit set (``benchmarks/calibration_fit.json``);
 ``--write-back`` also writes the result as the target's calibration data file
 (``nkilib_msda/simulator/timing/calibration/<target>.json``, adopted only if the fit is sane),
-which the timing constants read. The library is :mod:`nkilib_msda.tools.calibration`.
+which the timing constants read. ``--structures`` compares the timing model's structures
+(``nominal``, ``spread``, ``serial``) on the recorded graphs, at nominal and at fitted
+parameters (``benchmarks/calibration_structures.json``; nothing is written back). The library is :mod:`nkilib_msda.tools.calibration`.
 
 No nki-library code is part of this repository: the checkout path is an argument.
 """
@@ -33,11 +36,13 @@ from nkilib_msda.tools.calibration.fit import run_fit, write_calibration
 from nkilib_msda.tools.calibration.records import FAMILIES, collect
 from nkilib_msda.tools.calibration.report import print_table
 from nkilib_msda.tools.calibration.runner import load_cache, run_records
+from nkilib_msda.tools.calibration.structures import run_structures
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "benchmarks" / "calibration_runs.json"
 GRAPHS = REPO / "benchmarks" / "calibration_graphs"  # pickled timing graphs (git-ignored)
 FIT_RESULT = REPO / "benchmarks" / "calibration_fit.json"
+STRUCTURES_RESULT = REPO / "benchmarks" / "calibration_structures.json"
 TARGET = "trn2"  # the emulator's default target, which the records run on
 
 
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-back", action="store_true",
                     help="with --fit: write the result as the target's calibration data file "
                          "(adopted as the nominal values only if the fit is sane)")
+    ap.add_argument("--structures", action="store_true",
+                    help="compare the timing model's structures (nominal, spread, serial) on "
+                         "the recorded graphs: errors at nominal and at fitted parameters")
     args = ap.parse_args(argv)
     checkout = args.checkout.resolve()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         fitted = run_fit(collect(checkout, list(FAMILIES)), cache, GRAPHS, FIT_RESULT)
         if args.write_back:
             write_calibration(fitted, TARGET, _commit())
+    if args.structures:
+        run_structures(collect(checkout, list(FAMILIES)), cache, GRAPHS, STRUCTURES_RESULT)
     print_table(rows, cache, checkout, args.markdown, fitted)
     return 0
 
