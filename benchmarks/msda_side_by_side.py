@@ -60,7 +60,11 @@ from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SH
 SHAPES = NKI_LIBRARY_SHAPES
 SHAPE_DESCRIPTIONS = NKI_LIBRARY_SHAPE_DESCRIPTIONS
 
-KERNELS = ("ours", "aws")
+KERNELS = ("ours", "ours-cb", "aws")
+# Our kernel variants (each compared with AWS's): keyword arguments added to the kernel call.
+# "ours-cb": the corner-block gather layout (docs/kernels.md), where the kernel has that argument.
+OUR_VARIANTS = {"ours": {}, "ours-cb": {"gather_layout": "corner-block"}}
+DEFAULT_KERNELS = ("ours", "aws")  # what the tables show unless told
 DIRECTIONS = ("fwd", "bwd")
 DEFAULT_JSON = Path(__file__).with_name("msda_side_by_side.json")
 AWS_MODULE = "nkilib_src.nkilib.experimental.deformable_attention"
@@ -88,7 +92,7 @@ def aws_source_dir(nki_library: str) -> Path:
 
 
 def _load_kernel(kernel: str, direction: str, nki_library: str | None) -> Any:
-    if kernel == "ours":
+    if kernel in OUR_VARIANTS:
         from nkilib_msda.experimental.deformable_attention import (
             ms_deformable_attention, ms_deformable_attention_bwd)
         return ms_deformable_attention if direction == "fwd" else ms_deformable_attention_bwd
@@ -111,6 +115,8 @@ def kernel_files(kernel: str, direction: str, nki_library: str | None) -> list[P
             raise ValueError("kernel 'aws' needs --nki-library PATH")
         name = "ms_deformable_attention" if direction == "fwd" else "ms_deformable_attention_bwd"
         return [aws_source_dir(nki_library) / Path(*AWS_MODULE.split(".")) / f"{name}.py"]
+    if kernel not in OUR_VARIANTS:
+        raise ValueError(f"kernel: expected one of {list(KERNELS)}, got {kernel!r}")
     import nkilib_msda.experimental as experimental
     root = Path(experimental.__file__).parent
     return sorted((root / "deformable_attention").rglob("*.py")) + [root / "kernel_commons.py"]
@@ -125,6 +131,18 @@ def kernel_sha256(paths: list[Path]) -> str:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def variant_kwargs(kernel: str, fn: Any) -> dict[str, Any]:
+    """The keyword arguments of our variant ``kernel`` for the kernel function ``fn``; a
+    ValueError (naming the argument) where ``fn`` does not take them."""
+    import inspect
+    extra = OUR_VARIANTS.get(kernel, {})
+    missing = sorted(set(extra) - set(inspect.signature(fn).parameters))
+    if missing:
+        raise ValueError(f"kernel {kernel!r}: expected {getattr(fn, '__name__', fn)} to take "
+                         f"{', '.join(missing)}, it does not (this variant does not apply)")
+    return dict(extra)
 
 
 def _timing_fields(report: Any) -> dict[str, Any] | None:
@@ -178,6 +196,7 @@ def run_one(kernel: str, direction: str, shape: str, lnc: int, nki_library: str 
     case = SHAPES[shape]
     args = make_inputs(case, seed=seed)
     fn = _load_kernel(kernel, direction, nki_library)
+    extra = variant_kwargs(kernel, fn)
     record: dict[str, Any] = {"kernel": kernel, "direction": direction, "shape": shape, "lnc": lnc,
                               "model_hash": model_hash(),
                               "kernel_sha256": kernel_sha256(kernel_files(kernel, direction,
@@ -186,11 +205,11 @@ def run_one(kernel: str, direction: str, shape: str, lnc: int, nki_library: str 
         warnings.simplefilter("always")
         start = time.perf_counter()
         if direction == "fwd":
-            out, report = simulate(fn, lnc=lnc, report=True)(**args)
+            out, report = simulate(fn, lnc=lnc, report=True)(**args, **extra)
             outputs = {"output": out}
         else:
             grad_output = make_grad_output(case, seed=seed)
-            *grads, report = simulate(fn, lnc=lnc, report=True)(grad_output, **args)
+            *grads, report = simulate(fn, lnc=lnc, report=True)(grad_output, **args, **extra)
             outputs = dict(zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"),
                                grads))
         record["emulator_wall_s"] = round(time.perf_counter() - start, 2)
@@ -254,6 +273,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     results = load_results(path)
     todo = []
     model = model_hash()
+    meta = _meta(args)
+    run_at = {"commit": meta.get("commit", "?"), "date": meta["date"]}  # kept per row
     for shape in args.shapes:
         for direction in args.directions:
             for lnc in args.lnc:
@@ -273,7 +294,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         key, kernel, direction, shape, lnc = item
         argv = base + [kernel, direction, shape, str(lnc)]
         record = _spawn(key, argv, args.timeout)
-        record.update(kernel=kernel, direction=direction, shape=shape, lnc=lnc)
+        record.update(kernel=kernel, direction=direction, shape=shape, lnc=lnc, **run_at)
         print(f"{key}: {record.get('status')} in {record.get('emulator_wall_s')} s"
               + (f" ({record.get('error')})" if record.get("status") != "ok" else ""), flush=True)
         return key, record
@@ -398,11 +419,12 @@ def robust_text(ours: dict[str, Any] | None, aws: dict[str, Any] | None) -> str:
 
 def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                        directions: list[str] = list(DIRECTIONS),
-                       kernels: list[str] = list(KERNELS),
-                       baseline: dict[str, Any] | None = None) -> str:
+                       kernels: list[str] = list(DEFAULT_KERNELS),
+                       baseline: dict[str, Any] | None = None, ours_kernel: str = "ours") -> str:
     """Markdown: per shape, direction and LNC, ours before (``baseline``: run key -> saved
     entry, see save_baseline),
-    both kernels' modelled bands, ratio, ratio to the lower bound and ranking."""
+    both kernels' modelled bands, ratio, ratio to the lower bound and ranking; "ours" is
+    our variant ``ours_kernel`` (a key of OUR_VARIANTS)."""
     baseline = baseline or {}
     lines = ["| shape | dir | LNC | ours before µs | ours µs [low–high] | AWS µs [low–high] "
              "| ours/AWS | robust ours/AWS (worst scenario, corner) | ranking "
@@ -411,7 +433,7 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
     for shape in shapes:
         for direction in directions:
             for lnc in lncs:
-                ours = runs.get(run_key("ours", direction, shape, lnc))
+                ours = runs.get(run_key(ours_kernel, direction, shape, lnc))
                 aws = runs.get(run_key("aws", direction, shape, lnc))
                 to, ta = _timing(ours), _timing(aws)
                 ratio, robust = ratio_text(ours, aws), robust_text(ours, aws)
@@ -422,7 +444,7 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
                 before_text = _before_text(baseline.get(run_key("ours", direction, shape, lnc)))
                 bound = " / ".join(str(t.get("bound_by")) if t else "-" for t in (to, ta))
                 notes = "; ".join(f"{who}: {_status_note(r)}" for who, kernel, r in
-                                  (("ours", "ours", ours), ("AWS", "aws", aws))
+                                  ((ours_kernel, ours_kernel, ours), ("AWS", "aws", aws))
                                   if kernel in kernels and _status_note(r))
                 ranking = rank(to, ta) if same_model(ours, aws) or not (to and ta) \
                     else "models differ"
@@ -434,16 +456,16 @@ def side_by_side_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
 
 def compact_table(runs: dict[str, Any], shapes: list[str], lnc: int = 2,
                   directions: list[str] = list(DIRECTIONS),
-                  baseline: dict[str, Any] | None = None) -> str:
+                  baseline: dict[str, Any] | None = None, ours_kernel: str = "ours") -> str:
     """Markdown, one LNC (the README's short version): nominal µs of ours before (``baseline``),
-    ours and AWS's, and the ranking."""
+    ours (our variant ``ours_kernel``) and AWS's, and the ranking."""
     baseline = baseline or {}
     lines = [f"| shape | dir | ours before µs (LNC {lnc}) | ours µs | AWS µs | ours/AWS "
              "| robust ours/AWS | ranking over the band |",
              "|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for direction in directions:
-            ours = runs.get(run_key("ours", direction, shape, lnc))
+            ours = runs.get(run_key(ours_kernel, direction, shape, lnc))
             aws = runs.get(run_key("aws", direction, shape, lnc))
             to, ta = _timing(ours), _timing(aws)
             if not to and not ta:
@@ -499,7 +521,7 @@ def _queue_text(record: dict[str, Any]) -> str:
 
 
 def bounds_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
-                 kernels: list[str] = list(KERNELS), directions: list[str] = list(DIRECTIONS)) -> str:
+                 kernels: list[str] = list(DEFAULT_KERNELS), directions: list[str] = list(DIRECTIONS)) -> str:
     """Markdown: what bounds each kernel (issue 21's 'measure first')."""
     lines = ["| shape | dir | LNC | kernel | bound by | critical path µs (top 3) | engine busy µs "
              "| indirect descriptors × mean size | HBM MB | DMA busy µs | emulator s |",
@@ -522,7 +544,7 @@ def bounds_table(runs: dict[str, Any], shapes: list[str], lncs: list[int],
 
 
 def missing_runs(runs: dict[str, Any], shapes: list[str], lncs: list[int],
-                 kernels: list[str] = list(KERNELS), directions: list[str] = list(DIRECTIONS)) -> list[str]:
+                 kernels: list[str] = list(DEFAULT_KERNELS), directions: list[str] = list(DIRECTIONS)) -> list[str]:
     """Keys of the requested runs that have no successful record."""
     return [run_key(k, d, s, n) for s in shapes for d in directions for n in lncs for k in kernels
             if runs.get(run_key(k, d, s, n), {}).get("status") != "ok"]
@@ -546,15 +568,22 @@ def render(results: dict[str, Any], shapes: list[str], lncs: list[int], kernels:
     runs = results.get("runs", {})
     meta = results.get("meta", {})
     baseline = results.get("baseline", {})
-    models = sorted({r.get("model_hash") or "none" for k, r in runs.items()
-                     if k.split("/")[2] in shapes and r.get("status") == "ok"})
-    out = [f"Modelled Trn2 time (µs), emulator commit {meta.get('commit', '?')}, "
-           f"{meta.get('date', '?')}: `{meta.get('command', '')}`; timing model hash of the rows: "
-           f"{', '.join(models) or '-'} (current {model_hash()})", "",
-           side_by_side_table(runs, shapes, lncs, directions, kernels, baseline), "",
-           bounds_table(runs, shapes, lncs, kernels, directions)]
+    shown = [r for k, r in runs.items() if k.split("/")[2] in shapes and r.get("status") == "ok"
+             and r.get("kernel") in kernels]
+    models = sorted({r.get("model_hash") or "none" for r in shown})
+    ran_at = sorted({f"{r.get('commit', '?')} ({r.get('date', '?')})" for r in shown})
+    out = [f"Modelled Trn2 time (µs), last command at commit {meta.get('commit', '?')}, "
+           f"{meta.get('date', '?')}: `{meta.get('command', '')}`; rows run at commit "
+           f"{', '.join(ran_at) or '-'}; timing model hash of the rows: "
+           f"{', '.join(models) or '-'} (current {model_hash()})"]
+    variants = [k for k in OUR_VARIANTS if k in kernels] or ["ours"]
+    for ours_kernel in variants:
+        out += ["", side_by_side_table(runs, shapes, lncs, directions, kernels, baseline,
+                                       ours_kernel)]
+    out += ["", bounds_table(runs, shapes, lncs, kernels, directions)]
     if 2 in lncs:
-        out += ["", compact_table(runs, shapes, 2, directions, baseline)]
+        for ours_kernel in variants:
+            out += ["", compact_table(runs, shapes, 2, directions, baseline, ours_kernel)]
     missing = missing_runs(runs, shapes, lncs, kernels, directions)
     if missing:
         def note(key: str) -> str:
@@ -609,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record), flush=True)
         return 0
     if args.kernels is None:
-        args.kernels = ["ours", "aws"] if args.nki_library else ["ours"]
+        args.kernels = list(DEFAULT_KERNELS) if args.nki_library else ["ours"]
     if args.save_baseline:
         results = load_results(Path(args.json))
         saved = save_baseline(results, args.shapes, args.lnc, args.directions)

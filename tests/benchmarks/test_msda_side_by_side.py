@@ -250,3 +250,36 @@ def test_a_run_records_the_model_hash_and_the_kernel_checksum(tmp_path):
     import hashlib
     assert one == hashlib.sha256(b"x = 1\n").hexdigest() and digest != one
     assert len(model_hash()) == 12
+
+
+def test_our_variants_pass_their_arguments_and_refuse_a_kernel_without_them():
+    def with_layout(value, gather_layout="four-corner"):
+        return value
+
+    def without_layout(value):
+        return value
+
+    assert sbs.variant_kwargs("ours", without_layout) == {}
+    assert sbs.variant_kwargs("aws", without_layout) == {}
+    assert sbs.variant_kwargs("ours-cb", with_layout) == {"gather_layout": "corner-block"}
+    with pytest.raises(ValueError, match="'ours-cb': expected without_layout to take gather_layout"):
+        sbs.variant_kwargs("ours-cb", without_layout)
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        sbs.kernel_files("theirs", "fwd", None)
+
+
+def test_each_of_our_variants_gets_its_own_side_by_side():
+    aws = _record("aws", "fwd", "basic", 1, _timing(200, 150, 300))
+    runs = {sbs.run_key("ours", "fwd", "basic", 1): _record("ours", "fwd", "basic", 1, _timing(100, 80, 120)),
+            sbs.run_key("ours-cb", "fwd", "basic", 1): _record("ours-cb", "fwd", "basic", 1, _timing(50, 40, 60)),
+            sbs.run_key("aws", "fwd", "basic", 1): aws}
+    plain = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"]).splitlines()[2]
+    cb = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"], ours_kernel="ours-cb").splitlines()[2]
+    assert "| 0.50 |" in plain and "| 0.25 |" in cb
+    del runs[sbs.run_key("ours-cb", "fwd", "basic", 1)]
+    missing = sbs.side_by_side_table(runs, ["basic"], [1], ["fwd"], kernels=["ours-cb", "aws"],
+                                     ours_kernel="ours-cb").splitlines()[2]
+    assert "ours-cb: not run" in missing
+    rendered = sbs.render({"runs": runs, "meta": {}}, ["basic"], [1], ["ours", "ours-cb", "aws"], ["fwd"])
+    assert rendered.count("| shape | dir | LNC | ours before µs") == 2  # one side-by-side per variant
+    assert "PARTIAL: no result for ours-cb/fwd/basic/lnc1" in rendered
