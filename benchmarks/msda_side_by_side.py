@@ -22,7 +22,12 @@ Every run record keeps the timing model's hash (``model_hash``:
 model and its calibration data) and the SHA-256 of the kernel's source (``kernel_sha256``: AWS's
 kernel file; ours: every file of our MSDA kernel folder and ``kernel_commons.py``). A ratio is
 printed only for two rows of the same model hash ("models differ" otherwise), and a cached row
-of another model is re-run.
+of another model is re-run. Every row also keeps the commit and date it ran at.
+
+Our kernel variants (``--kernels``): ``ours`` (default arguments) and ``ours-cb`` (the
+corner-block gather layout, ``gather_layout="corner-block"``, where the kernel takes that
+argument; a kernel without it records an error naming the argument). Each variant gets its own
+side-by-side with AWS's rows.
 
 AWS's kernels are imported from an nki-library checkout (``--nki-library PATH``; its
 ``src/nkilib_src`` or ``nkilib_src`` directory) and run unchanged through
@@ -32,7 +37,7 @@ those of nki-library's MSDA tests (bf16 value, float16 locations/weights as thos
 Usage::
 
     python benchmarks/msda_side_by_side.py --nki-library PATH [--shapes basic tsa-base ...]
-        [--lnc 1 2] [--kernels ours aws] [--directions fwd bwd] [--json OUT] [--jobs N]
+        [--lnc 1 2] [--kernels ours ours-cb aws] [--directions fwd bwd] [--json OUT] [--jobs N]
         [--force] [--table-only] [--save-baseline]
 """
 
