@@ -22,7 +22,8 @@ from typing import Any, Sequence
 
 from nkilib_msda.simulator.timing.scenarios import STRUCTURES
 from nkilib_msda.tools.calibration.fit import Sample, errors, fit, samples
-from nkilib_msda.tools.calibration.records import Row
+from nkilib_msda.tools.calibration.records import Row, config_text
+from nkilib_msda.tools.calibration.references import lnc_of
 
 __all__ = ["restructured", "compare_structures", "preferred", "structure_table",
            "record_table", "run_structures"]
@@ -103,16 +104,19 @@ def structure_table(comparison: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def record_table(comparison: dict[str, Any], threshold: float = 1.25) -> str:
+def record_table(comparison: dict[str, Any], threshold: float = 1.25,
+                 labels: dict[str, str] | None = None) -> str:
     """Markdown: the records whose nominal-structure ratio is at least ``threshold`` (too
-    slow) or at most ``1 / threshold`` (too fast), with their ratio under every structure."""
+    slow) or at most ``1 / threshold`` (too fast), with their ratio under every structure;
+    ``labels``: record key -> short text (default: the key's configuration)."""
+    labels = labels or {}
     structures = list(comparison["structures"])
     lines = ["| kernel | record | recorded µs | " + " | ".join(structures) + " |",
              "|---|---|---|" + "---|" * len(structures)]
     rows = [(k, r) for k, r in comparison["ratios"].items()
             if not 1 / threshold < r.get("nominal", 1.0) < threshold]
     for key, r in sorted(rows, key=lambda kr: -kr[1].get("nominal", 1.0)):
-        config = key.split("|", 1)[1]
+        config = labels.get(key, key.split("|", 1)[1])
         lines.append(f"| {r['kernel']} | {config} | {r['recorded_us']:,.1f} | "
                      + " | ".join(f"{r[s]:.2f}" for s in structures) + " |")
     return "\n".join(lines)
@@ -130,7 +134,8 @@ def run_structures(rows: list[Row], cache: dict[str, Any], graphs: Path, out: Pa
     out.write_text(json.dumps(comparison, indent=1, sort_keys=True) + "\n")
     print(structure_table(comparison))
     print()
-    print(record_table(comparison))
+    labels = {r.key(): f"{config_text(r)} (LNC {lnc_of(r.values)})" for r, *_ in rows}
+    print(record_table(comparison, labels=labels))
     print(f"\npreferred structure (median |ratio - 1| over {len(fit_set)} fit and "
           f"{len(check_set)} check records at nominal parameters): {comparison['preferred']}")
     return comparison
