@@ -10,6 +10,13 @@ scale) on the fit set. The structure the data prefer is the one with the smalles
 ``|modelled / recorded - 1|`` on the fit and check records together at nominal values (a
 structure that needs the fit to push parameters onto their bounds is not a better model).
 
+One analysis-only hypothesis is compared beside them: ``spread-all`` (:data:`HYPOTHESES`),
+every DMA on all 16 engines, direct copies with an SBUF side included. No structure of the
+model moves a direct copy (the documented partition rule stays in all three), so the
+few-partition records that the partition rule may make too slow can only vote through it. It
+re-uses the model's ``spread`` re-mapping on a copy of the graph with every transfer marked;
+it is not a scenario of the model.
+
 Nothing here writes the calibration data file: the model's ``report.timing`` is the
 ``nominal`` structure, whose fit stays the job of ``run_fit`` / ``write_calibration``.
 """
@@ -17,25 +24,45 @@ Nothing here writes the calibration data file: the model's ``report.timing`` is 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from nkilib_msda.simulator.timing.scenarios import STRUCTURES
+import numpy as np
+
+from nkilib_msda.simulator.timing.graph import NODE_TRANSFER
+from nkilib_msda.simulator.timing.scenarios import STRUCTURES, restructure
+from nkilib_msda.simulator.timing.schedule import Timing
 from nkilib_msda.tools.calibration.fit import Sample, errors, fit, samples
 from nkilib_msda.tools.calibration.records import Row, config_text
 from nkilib_msda.tools.calibration.references import lnc_of
 
-__all__ = ["restructured", "compare_structures", "preferred", "structure_table",
+__all__ = ["HYPOTHESES", "restructured", "compare_structures", "preferred", "structure_table",
            "record_table", "run_structures"]
 
 
+HYPOTHESES = ("spread-all",)  # analysis-only structures (module docstring)
+
+
+def _spread_all(timing: Any) -> Timing:
+    """``timing``'s recorded graph with every DMA on all 16 engines (``spread``'s re-mapping
+    applied to every transfer, direct copies included)."""
+    graph = timing.graph
+    marked = np.where((graph.kind == NODE_TRANSFER) & (graph.dma_flags == 0), 1, graph.dma_flags)
+    return Timing(restructure(replace(graph, dma_flags=marked), "spread"))
+
+
 def restructured(found: Sequence[Sample], structure: str) -> list[Sample]:
-    """The samples with each recorded graph re-mapped to ``structure`` (the parameters stay
-    free: the scenario ``"<structure>/nominal"`` pins none)."""
-    if structure not in STRUCTURES:
-        raise ValueError(f"structure: expected one of {list(STRUCTURES)}, got {structure!r}")
+    """The samples with each recorded graph re-mapped to ``structure`` (one of the model's
+    STRUCTURES or of HYPOTHESES; the parameters stay free: the scenario
+    ``"<structure>/nominal"`` pins none)."""
+    if structure not in STRUCTURES + HYPOTHESES:
+        raise ValueError(f"structure: expected one of {list(STRUCTURES + HYPOTHESES)}, got "
+                         f"{structure!r}")
     if structure == "nominal":
         return list(found)
+    if structure == "spread-all":
+        return [Sample(s.kernel, s.key, s.recorded_us, _spread_all(s.timing)) for s in found]
     return [Sample(s.kernel, s.key, s.recorded_us, s.timing.scenarios[f"{structure}/nominal"])
             for s in found]
 
@@ -68,9 +95,9 @@ def compare_structures(fit_set: Sequence[Sample], check_set: Sequence[Sample],
 
 
 def preferred(comparison: dict[str, Any]) -> str:
-    """The structure with the smallest median |ratio - 1| over all records at nominal
-    parameters (ties: the earlier of :data:`STRUCTURES`)."""
-    table = comparison["structures"]
+    """Of the model's structures, the one with the smallest median |ratio - 1| over all
+    records at nominal parameters (ties: the earlier of :data:`STRUCTURES`)."""
+    table = {s: row for s, row in comparison["structures"].items() if s in STRUCTURES}
     return min(table, key=lambda s: (table[s]["both_nominal"].get("median_abs_err", float("inf")),
                                      STRUCTURES.index(s)))
 
@@ -130,12 +157,15 @@ def run_structures(rows: list[Row], cache: dict[str, Any], graphs: Path, out: Pa
     if not fit_set:
         raise SystemExit("calibrate_timing: no fit-set record with a timing graph; run the "
                          "qkv_tkg and mlp_tkg configurations first")
-    comparison = compare_structures(fit_set, check_set)
+    comparison = compare_structures(fit_set, check_set, STRUCTURES + HYPOTHESES)
     out.write_text(json.dumps(comparison, indent=1, sort_keys=True) + "\n")
     print(structure_table(comparison))
     print()
     labels = {r.key(): f"{config_text(r)} (LNC {lnc_of(r.values)})" for r, *_ in rows}
     print(record_table(comparison, labels=labels))
-    print(f"\npreferred structure (median |ratio - 1| over {len(fit_set)} fit and "
-          f"{len(check_set)} check records at nominal parameters): {comparison['preferred']}")
+    medians = ", ".join(f"{name} {row['both_nominal']['median_abs_err']:.1%}"
+                        for name, row in comparison["structures"].items())
+    print(f"\npreferred structure of the model (median |ratio - 1| over {len(fit_set)} fit and "
+          f"{len(check_set)} check records at nominal parameters): {comparison['preferred']} "
+          f"({medians})")
     return comparison

@@ -101,3 +101,25 @@ def test_a_recorded_graph_is_re_mapped_to_each_structure():
     assert by["spread"].timing.evaluate({}) < 0.5 * nominal_us
     assert by["spread"].timing.evaluate({}) == pytest.approx(
         report.timing.scenarios["spread/nominal"].estimate_us)
+
+
+def test_the_spread_all_hypothesis_moves_direct_copies_that_no_structure_moves():
+    """A direct HBM->SBUF copy into 8 partitions (one DMA engine by the documented partition
+    rule): every model structure leaves it alone; ``spread-all`` puts it on 16 engines."""
+    parts = 8
+    x = RNG.standard_normal((parts, int(RNG.integers(16_384, 32_768)))).astype(np.float32)
+
+    def kernel(h):
+        t = nl.ndarray(h.shape, h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=h)
+        out = nl.ndarray(h.shape, h.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    out, report = simulate(nki.jit(kernel), report=True)(x)
+    np.testing.assert_array_equal(out, x)
+    sample = fit.Sample("demo", "demo|narrow", 100.0, pickle.loads(pickle.dumps(report.timing)))
+    us = {s: structures.restructured([sample], s)[0].timing.evaluate({})
+          for s in STRUCTURES + structures.HYPOTHESES}
+    assert us["spread"] == pytest.approx(us["nominal"]) and us["serial"] == pytest.approx(us["nominal"])
+    assert us["spread-all"] < 0.5 * us["nominal"]
