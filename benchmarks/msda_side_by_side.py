@@ -24,9 +24,10 @@ kernel file; ours: every file of our MSDA kernel folder and ``kernel_commons.py`
 printed only for two rows of the same model hash ("models differ" otherwise), and a cached row
 of another model is re-run. Every row also keeps the commit and date it ran at.
 
-Our kernel variants (``--kernels``): ``ours`` (default arguments) and ``ours-cb`` (the
-corner-block gather layout, ``gather_layout="corner-block"``, where the kernel takes that
-argument; a kernel without it records an error naming the argument). Each variant gets its own
+Our kernel variants (``--kernels``): ``ours`` (default arguments), ``ours-cb`` and ``ours-4c``
+(the corner-block or four-corner gather layout, ``gather_layout="corner-block"`` /
+``"four-corner"``, where the kernel takes that argument; a kernel without it records an error
+naming the argument). Each variant gets its own
 side-by-side with AWS's rows.
 
 AWS's kernels are imported from an nki-library checkout (``--nki-library PATH``; its
@@ -37,7 +38,7 @@ those of nki-library's MSDA tests (bf16 value, float16 locations/weights as thos
 Usage::
 
     python benchmarks/msda_side_by_side.py --nki-library PATH [--shapes basic tsa-base ...]
-        [--lnc 1 2] [--kernels ours ours-cb aws] [--directions fwd bwd] [--json OUT] [--jobs N]
+        [--lnc 1 2] [--kernels ours ours-cb ours-4c aws] [--directions fwd bwd] [--json OUT] [--jobs N]
         [--force] [--table-only] [--save-baseline]
 """
 
@@ -67,8 +68,10 @@ SHAPE_DESCRIPTIONS = NKI_LIBRARY_SHAPE_DESCRIPTIONS
 
 KERNELS = ("ours", "ours-cb", "aws")
 # Our kernel variants (each compared with AWS's): keyword arguments added to the kernel call.
-# "ours-cb": the corner-block gather layout (docs/kernels.md), where the kernel has that argument.
-OUR_VARIANTS = {"ours": {}, "ours-cb": {"gather_layout": "corner-block"}}
+# "ours-cb" / "ours-4c": the corner-block / four-corner gather layout (docs/kernels.md), where
+# the kernel has that argument.
+OUR_VARIANTS = {"ours": {}, "ours-cb": {"gather_layout": "corner-block"},
+                "ours-4c": {"gather_layout": "four-corner"}}
 DEFAULT_KERNELS = ("ours", "aws")  # what the tables show unless told
 DIRECTIONS = ("fwd", "bwd")
 DEFAULT_JSON = Path(__file__).with_name("msda_side_by_side.json")

@@ -262,6 +262,7 @@ def test_our_variants_pass_their_arguments_and_refuse_a_kernel_without_them():
     assert sbs.variant_kwargs("ours", without_layout) == {}
     assert sbs.variant_kwargs("aws", without_layout) == {}
     assert sbs.variant_kwargs("ours-cb", with_layout) == {"gather_layout": "corner-block"}
+    assert sbs.variant_kwargs("ours-4c", with_layout) == {"gather_layout": "four-corner"}
     with pytest.raises(ValueError, match="'ours-cb': expected without_layout to take gather_layout"):
         sbs.variant_kwargs("ours-cb", without_layout)
     with pytest.raises(ValueError, match="kernel: expected one of"):
