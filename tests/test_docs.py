@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
@@ -635,9 +636,15 @@ def _architecture_layout() -> tuple[str, str]:
 
 
 def _ls(folder: Path) -> set[str]:
-    """What ``ls folder`` shows (no hidden entries), folders with a trailing slash."""
-    return {p.name + "/" if p.is_dir() else p.name for p in folder.iterdir()
-            if not p.name.startswith(".") and p.name != "__pycache__"}
+    """What ``ls folder`` shows in a checkout (no hidden entries, nothing git ignores: an
+    editable install's ``*.egg-info``, caches), folders with a trailing slash."""
+    paths = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__pycache__"]
+    if (ROOT / ".git").exists() and paths:
+        ignored = subprocess.run(["git", "check-ignore", "--stdin"], cwd=ROOT, text=True,
+                                 input="\n".join(str(p.relative_to(ROOT)) for p in paths),
+                                 capture_output=True).stdout.split()
+        paths = [p for p in paths if str(p.relative_to(ROOT)) not in set(ignored)]
+    return {p.name + "/" if p.is_dir() else p.name for p in paths}
 
 
 def test_architecture_layout_is_what_ls_shows():
