@@ -66,12 +66,12 @@ from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SH
 SHAPES = NKI_LIBRARY_SHAPES
 SHAPE_DESCRIPTIONS = NKI_LIBRARY_SHAPE_DESCRIPTIONS
 
-KERNELS = ("ours", "ours-cb", "aws")
 # Our kernel variants (each compared with AWS's): keyword arguments added to the kernel call.
 # "ours-cb" / "ours-4c": the corner-block / four-corner gather layout (docs/kernels.md), where
 # the kernel has that argument.
 OUR_VARIANTS = {"ours": {}, "ours-cb": {"gather_layout": "corner-block"},
                 "ours-4c": {"gather_layout": "four-corner"}}
+KERNELS = (*OUR_VARIANTS, "aws")
 DEFAULT_KERNELS = ("ours", "aws")  # what the tables show unless told
 DIRECTIONS = ("fwd", "bwd")
 DEFAULT_JSON = Path(__file__).with_name("msda_side_by_side.json")

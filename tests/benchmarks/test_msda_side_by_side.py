@@ -284,3 +284,14 @@ def test_each_of_our_variants_gets_its_own_side_by_side():
     rendered = sbs.render({"runs": runs, "meta": {}}, ["basic"], [1], ["ours", "ours-cb", "aws"], ["fwd"])
     assert rendered.count("| shape | dir | LNC | ours before µs") == 2  # one side-by-side per variant
     assert "PARTIAL: no result for ours-cb/fwd/basic/lnc1" in rendered
+
+
+def test_every_variant_of_ours_is_a_command_line_choice(capsys):
+    """`--kernels ours-4c` was refused once while the docs' command used it."""
+    assert set(sbs.OUR_VARIANTS) | {"aws"} == set(sbs.KERNELS)
+    with pytest.raises(SystemExit):
+        sbs.main(["--kernels", "not-a-variant", "--table-only"])
+    for kernel in sbs.OUR_VARIANTS:  # --table-only prints from the cache, runs nothing
+        assert sbs.main(["--kernels", kernel, "--table-only", "--shapes", "basic",
+                         "--directions", "fwd", "--lnc", "1"]) == 0
+        assert "| basic | fwd |" in capsys.readouterr().out
