@@ -4,13 +4,16 @@ super-tile and their per-corner dot products with the grad_output rows, in fp32.
 Transpose path (2-byte values): indirect ``dma_transpose`` of <= 128-channel chunks, index
 columns spread over partition bands (``backward_tiling.gather_split``), PE transposes back
 through PSUM; copy path: indirect ``dma_copy`` of one row per index, or of the (x0, x1)
-corner pair with ``gather_pairs``. Layouts: ``backward_tiles``.
+corner pair with ``gather_pairs``; corner blocks (``cfg.corner_blocks``, transpose path): one
+``4 * C_h`` run of the corner-block scratch per sample (``backward_corner_blocks``), whose PE
+transpose is the sample's four corner columns. Layouts: ``backward_tiles``.
 """
 
 from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention.backward_corner_blocks import cell_rows
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import GATHER_TRANSPOSE_BUFS, gather_split
 from nkilib_msda.experimental.kernel_commons import PARTITIONS
 from nkilib_msda.hardware import INDEX_TILE_ALIGN_WORDS
@@ -30,42 +33,34 @@ class CornerGather:
         self.live = live  # backward_live_rows.LiveRows: 128-partition copy gathers
         self.transpose_count = 0
         self.aligned_count = 0
+        self.cells2d = None  # corner-block scratch rows (B * cells * N_h, 4 * C_h)
+        self.cell_rows_per_batch = 0
+
+    def use_corner_blocks(self, cells2d, rows_per_batch: int) -> None:
+        """Gather from the corner-block scratch (``corner_blocks.build_corner_blocks``)."""
+        self.cells2d, self.cell_rows_per_batch = cells2d, rows_per_batch
 
     def block(self, b: int, n: int, blk: int, c0: int, width: int) -> None:
         """gathered[0:n, col, 0:width] = channels [c0, c0 + width) of the value rows of the
-        block's 4*N_p columns (or x-pairs)."""
+        block's 4*N_p columns (or x-pairs; with corner blocks, one cell per point fills its
+        four columns)."""
         cfg, p, t = self.cfg, self.p, self.t
         cols = cfg.columns_per_block
         c_h = p.head_dim
         base = b * cfg.rows_per_batch * c_h + c0
         gathered = t.gathered
+        if cfg.gather_method == "transpose" and cfg.corner_blocks:
+            # sample s's cell -> its corner columns [4s, 4s + 4) of every channel (C_t = C_h)
+            def place_cells(s0: int, s1: int, t0: int, c: int) -> None:
+                nisa.tensor_copy(dst=gathered[0:n, 4 * s0:4 * s1, 0:c_h].reshape_dim(1, (s1 - s0, 4)),
+                                 src=t.psum[0:n, 0:s1 - s0, 0:c].reshape_dim(2, (4, c_h)))
+            self._transposes(self.cells2d, b * self.cell_rows_per_batch * 4 * c_h, p.num_points, blk,
+                             ((0, 4 * c_h),), place_cells)
+            return
         if cfg.gather_method == "transpose":
-            mg = cfg.gather_columns
-            for g0 in range(0, cols, mg):
-                col0 = blk * cols + g0
-                for t0, c in cfg.transpose_chunks(width):
-                    # Columns split over partition bands (all DMA engines), transposed tiles
-                    # rotated (the next gather overlaps these PE transposes): gather_split.
-                    band, m = gather_split(mg, c)
-                    tr = t.transposed[self.transpose_count % GATHER_TRANSPOSE_BUFS]
-                    self.transpose_count += 1
-                    for j in range(PARTITIONS // band):
-                        k0, kn = j * m, min(m, mg - j * m)
-                        if kn <= 0:
-                            break
-                        src = self.value2d.ap([[c_h, kn * PARTITIONS], [1, c]], offset=base + t0,
-                                              vector_offset=self._index_tile(col0 + k0, kn))
-                        nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src,
-                                           axes=(1, 0))
-                    for k0 in range(0, mg, cfg.psum_columns):
-                        k1 = min(mg, k0 + cfg.psum_columns)
-                        for k in range(k0, k1):
-                            j, i = divmod(k, m)
-                            nisa.nc_transpose(dst=self.t.psum[0:PARTITIONS, k - k0, 0:c],
-                                              data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS],
-                                              engine=nisa.engine.tensor)
-                        nisa.tensor_copy(dst=gathered[0:n, g0 + k0:g0 + k1, t0:t0 + c],
-                                         src=self.t.psum[0:n, 0:k1 - k0, 0:c])
+            def place(k0: int, k1: int, t0: int, c: int) -> None:
+                nisa.tensor_copy(dst=gathered[0:n, k0:k1, t0:t0 + c], src=t.psum[0:n, 0:k1 - k0, 0:c])
+            self._transposes(self.value2d, base, cols, blk, cfg.transpose_chunks(width), place)
             return
         # with pairs, a column is (point, a): one index moves the (x0, x1) corner pair
         pattern = cfg.row_pattern(width, cfg.gather_pairs)
@@ -78,6 +73,40 @@ class CornerGather:
                 src = self.value2d.ap(pattern, offset=base, vector_offset=idx[:, k:k + 1])
                 nisa.dma_copy(dst=gathered[0:PARTITIONS, slots * k:slots * (k + 1), 0:width], src=src,
                               oob_mode=oob)
+
+    def _transposes(self, rows2d, base: int, cols: int, blk: int, chunks, place) -> None:
+        """Indirect transposes of the block's ``cols`` index columns (``gidx[blk * cols:]``) of
+        ``rows2d`` (one row per index; ``base``: the batch offset in elements), M_g columns per
+        gather and ``chunks`` (offset, channels) per row, then PE transposes into PSUM;
+        ``place(k0, k1, t0, c)`` copies PSUM columns [0, k1 - k0) of channels [t0, t0 + c) of
+        index columns [k0, k1) of the block into ``gathered``."""
+        cfg, t = self.cfg, self.t
+        row = rows2d.shape[1]
+        mg = cfg.gather_columns
+        for g0 in range(0, cols, mg):
+            col0 = blk * cols + g0
+            for t0, c in chunks:
+                # Columns split over partition bands (all DMA engines), transposed tiles
+                # rotated (the next gather overlaps these PE transposes): gather_split.
+                band, m = gather_split(mg, c)
+                tr = t.transposed[self.transpose_count % GATHER_TRANSPOSE_BUFS]
+                self.transpose_count += 1
+                for j in range(PARTITIONS // band):
+                    k0, kn = j * m, min(m, mg - j * m)
+                    if kn <= 0:
+                        break
+                    src = rows2d.ap([[row, kn * PARTITIONS], [1, c]], offset=base + t0,
+                                    vector_offset=self._index_tile(col0 + k0, kn))
+                    nisa.dma_transpose(dst=tr[j * band:j * band + c, 0:kn * PARTITIONS], src=src,
+                                       axes=(1, 0))
+                for k0 in range(0, mg, cfg.psum_columns):
+                    k1 = min(mg, k0 + cfg.psum_columns)
+                    for k in range(k0, k1):
+                        j, i = divmod(k, m)
+                        nisa.nc_transpose(dst=t.psum[0:PARTITIONS, k - k0, 0:c],
+                                          data=tr[j * band:j * band + c, i * PARTITIONS:(i + 1) * PARTITIONS],
+                                          engine=nisa.engine.tensor)
+                    place(g0 + k0, g0 + k1, t0, c)
 
     def _index_tile(self, start: int, k: int):
         """gidx columns [start, start + k) as a transpose's index tile: a tile of several
@@ -101,7 +130,9 @@ class CornerGather:
         dots = t.prod4 if cfg.gather_pairs else t.dc
         row_scale = t.grad_scale[0:n, 0:1]
         if first:
-            if cfg.gather_pairs:
+            if cfg.corner_blocks:
+                nisa.tensor_copy(dst=t.gidx[0:n, 0:f], src=cell_rows(cfg, t, n, f))
+            elif cfg.gather_pairs:
                 nisa.tensor_copy(dst=t.gidx[0:n, 0:2 * f], src=t.pair_rows[0:n, 0:f, :])
             else:
                 nisa.tensor_copy(dst=t.gidx[0:n, 0:4 * f], src=t.rows[0:n, 0:f, :])

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from nkilib_msda._nki import nisa, nl
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import cell_starts
 
 # columns of the per-partition constant tile
 C_SX, C_SY, C_XHI, C_YHI, C_XMAX, C_YMAX, C_ROWBASE, C_YSTRIDE, C_PAIRMAX = range(9)
 C_J, C_T1, C_T2, C_HL, C_H, C_L, C_EQ = range(9, 16)
+# corner-block gathers only (backward_corner_blocks): a sample's cell row in the corner-block
+# scratch is y0 * C_CSTRIDE + x0 * N_h + C_CBASE, C_CSTRIDE = (W + 1) * N_h and
+# C_CBASE = (cs_l + W + 2) * N_h + h (cs_l: the level's first cell, corner_plan.cell_starts)
+C_CSTRIDE, C_CBASE = 16, 17
 
 
 def _col(t, c):
@@ -37,7 +42,7 @@ def _mod_floor(dst_quot, dst_rem, j, divisor: int, tmp, tmp_int, tmp_gt) -> None
 
 
 def build_partition_constants(cfg, tiles) -> None:
-    """Fill ``consts`` (128, 16) fp32 and ``kscale``/``kscale_f`` (128, 1) (buffer row offset)."""
+    """Fill ``consts`` (128, 16) fp32 (18 with corner-block gathers: the cell-row terms)."""
     p = cfg.problem
     consts = tiles.consts
     ti = tiles.xy_int[:, 0, 0:1]
@@ -52,12 +57,16 @@ def build_partition_constants(cfg, tiles) -> None:
 
     blnc = p.value_layout == "BLNC"
     alpha = p.num_heads if blnc else 1  # row step between x-adjacent pixels
+    cells = cell_starts(p)
     for level, ((height, width), start) in enumerate(zip(p.spatial_shapes, p.level_start_index)):
         sx = float(width - 1 if p.align_corners else width)
         sy = float(height - 1 if p.align_corners else height)
         values = {C_SX: sx, C_SY: sy, C_XHI: width + 1.0, C_YHI: height + 1.0,
                   C_XMAX: width - 1.0, C_YMAX: height - 1.0, C_ROWBASE: float(start * alpha),
                   C_YSTRIDE: float(width * alpha), C_PAIRMAX: max(width - 2.0, 0.0)}
+        if cfg.corner_blocks:
+            values.update({C_CSTRIDE: float((width + 1) * p.num_heads),
+                           C_CBASE: float((cells[level] + width + 2) * p.num_heads)})
         eq = _col(consts, C_EQ)
         nisa.tensor_scalar(dst=eq, data=lvl, op0=nl.equal, operand0=float(level))
         for c, v in values.items():
@@ -68,6 +77,9 @@ def build_partition_constants(cfg, tiles) -> None:
     rowbase = _col(consts, C_ROWBASE)
     nisa.scalar_tensor_tensor(dst=rowbase, data=h, op0=nl.multiply, operand0=head_step,
                               op1=nl.add, operand1=rowbase)
+    if cfg.corner_blocks:  # the scratch is cell-major with the head inside, whatever the layout
+        cbase = _col(consts, C_CBASE)
+        nisa.tensor_tensor(dst=cbase, data1=cbase, data2=h, op=nl.add)
 
 
 def build_kscale(cfg, tiles) -> None:

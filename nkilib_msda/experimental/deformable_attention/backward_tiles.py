@@ -23,7 +23,7 @@ class BackwardTiles:
     """Every tile of one backward program; dim 0 of each SBUF tile is the 128 partitions."""
 
     # per-partition constants and the buffer offset of each partition
-    consts: Any                # (16,) fp32: per-level scales, bounds, row bases (C_* columns)
+    consts: Any                # (16,) fp32 (18: corner blocks): per-level scales, bounds, row bases (C_*)
     kscale: Any                # (1,) int32: k(j) * R
     kscale_f: Any              # (1,) fp32 copy
     # loaded parameters
@@ -66,7 +66,7 @@ class BackwardTiles:
     dot_part: Any = None       # (N_p, 4) fp32: one block's dots over one channel tile (C_t < C_h)
     grad_scale: Any = None     # (3,) fp32: 2^-k, 2^k, running max|g| per partition (row scaling)
     transposed: Any = None     # list of GATHER_TRANSPOSE_BUFS (m*128,) tiles, used in turn
-    psum: Any = None           # PSUM (psum_columns, min(C_t, 128)) in the value dtype
+    psum: Any = None           # PSUM (psum_columns, gather_channels) in the value dtype
     # scatter (None unless grad_value is wanted)
     sidx: Any = None
     sidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked scatter index columns
@@ -104,7 +104,6 @@ def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:
         made[name] = nl.ndarray((PARTITIONS,) + tuple(shape), dtype=getattr(nl, dtype),
                                 buffer=nl.sbuf, name=name)
     if cfg.gather_method == "transpose" and cfg.needs_gather:
-        cmax = max(c for _, c in cfg.transpose_chunks(cfg.channel_tile_width))
-        made["psum"] = nl.ndarray((PARTITIONS, cfg.psum_columns, cmax), dtype=value_dtype,
+        made["psum"] = nl.ndarray((PARTITIONS, cfg.psum_columns, cfg.gather_channels), dtype=value_dtype,
                                   buffer=nl.psum, name="psum_transpose")
     return BackwardTiles(**made)

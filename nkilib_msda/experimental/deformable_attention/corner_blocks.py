@@ -47,6 +47,7 @@ from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (
     BUILD_BUFFER_SETS, build_chunk_cells, cell_starts, corner_cells)
 from nkilib_msda.experimental.kernel_commons import PARTITIONS, core_barrier
 from nkilib_msda.hardware import PARTITIONS_PER_DMA_ENGINE
+from nkilib_msda.validation.msda import dtype_name
 
 __all__ = ["strip_stride", "build_chunks", "scratch_rows_per_batch", "build_corner_blocks",
            "build_head_offsets", "prepare_corner_tile", "gather_corner_blocks"]
@@ -120,13 +121,14 @@ def _load_rows(tile: Any, value: Any, p: Any, b: int, level: int, r0: int, rows:
 
 def build_corner_blocks(value: Any, cfg: Any, core: int) -> Any:
     """Write the corner-block scratch of ``value`` (this core's chunks), then the LNC barrier;
-    return the scratch as ``(B * cells * N_h, 4 * C_h)`` rows."""
+    return the scratch as ``(B * cells * N_h, 4 * C_h)`` rows. ``cfg``: the forward's or the
+    backward's plan (only ``problem`` and ``lnc`` are read)."""
     p, lnc = cfg.problem, cfg.lnc
     c, n_h = p.head_dim, p.num_heads
     cells_total = corner_cells(p)
     starts = cell_starts(p)
     vdt = value.dtype
-    xw = build_chunk_cells(p, cfg.value_dtype)
+    xw = build_chunk_cells(p, dtype_name(vdt))
     scratch = nl.ndarray((p.batch * cells_total * n_h, 4 * c), dtype=vdt, buffer=nl.shared_hbm,
                          name="corner_blocks")
     flat = scratch.reshape((p.batch * cells_total * n_h * 4 * c,))

@@ -42,6 +42,8 @@ from nkilib_msda.experimental.deformable_attention import backward_sampling as s
 from nkilib_msda.experimental.deformable_attention import coordinates as crd
 from nkilib_msda.experimental.deformable_attention.plan.backward_config import plan_backward
 from nkilib_msda.experimental.deformable_attention.backward_gather import CornerGather
+from nkilib_msda.experimental.deformable_attention.corner_blocks import (build_corner_blocks,
+                                                                       scratch_rows_per_batch)
 from nkilib_msda.experimental.deformable_attention.backward_live_rows import LiveRows
 from nkilib_msda.experimental.deformable_attention.backward_scatter import GradValueScatter
 from nkilib_msda.experimental.deformable_attention.backward_tiles import allocate_tiles
@@ -99,7 +101,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                                 compute_grad_sampling_locations=True, compute_grad_attention_weights=True,
                                 iota_k_scale_in=None, grad_value_buffers_in=None, prev_reduced_grad_value=None,
                                 dump_iota_k_scale=False, dump_grad_value_buffers=False,
-                                dump_reduced_grad_value=False, strided_pairs=False):
+                                dump_reduced_grad_value=False, strided_pairs=False, gather_layout="auto"):
     """Gradients of multi-scale deformable attention with respect to value, sampling_locations
     and attention_weights (docs/api.md, docs/kernels.md "Backward").
 
@@ -133,6 +135,12 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
         strided_pairs (bool): opt-in (default False, not in AWS's API): x-corner pairs also for
             BLNC or channel-tiled rows, where the two rows are not one contiguous run (a
             three-level indirect pattern no NKI page documents; docs/conformance.md).
+        gather_layout (str): "auto" (default), "corner-block" or "four-corner", as in the
+            forward (not in AWS's API): with corner blocks the kernel first builds the
+            forward's corner-block scratch of value (about 4x value bytes of HBM) and gathers
+            one 4*C_h run per sample instead of four C_h rows (2-byte values, transpose
+            gather, C_h <= 32; "auto" where the forward's density rule picks it). Only the
+            gathers change; the grad_value scatter is the same.
 
     Returns:
         tuple of shared-HBM tensors: the enabled gradients in the order grad_value (value's
@@ -158,6 +166,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
 
     Pseudocode:
         plan = plan_backward(problem, lnc, knobs, kernel_sbuf_budget())
+        cells = build_corner_blocks(value)                 # corner blocks only (forward's build)
         zero(this core's grad_value buffers)
         for b in range(B):
             for super_tile in plan.super_tiles(core):      # <= 128 sample rows x T blocks
@@ -168,6 +177,7 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
                     g = grad_output rows[:, c0:c0 + C_t]
                     if grad_sampling_locations or grad_attention_weights:
                         v = gather(value[b, ..., c0:c0 + C_t], corners)  # (rows, 4 * N_p, C_t)
+                        #   (corner blocks: gather(cells[b], cell of each sample), 4 * C_h each)
                         dots += sum_c(v * g)                        # fp32, per corner
                     if grad_value:
                         scatter_add(buffers[k(partition)][..., c0:c0 + C_t], corners,
@@ -190,7 +200,8 @@ def ms_deformable_attention_bwd(grad_output, value, spatial_shapes, level_start_
     cfg = plan_backward(
         problem, vdt, lnc, gather_method, max_gather_indices_per_indirect, max_scatter_indices_per_indirect,
         num_scatter_buffers, bool(compute_grad_value), bool(compute_grad_sampling_locations),
-        bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core, bool(strided_pairs))
+        bool(compute_grad_attention_weights), kernel_sbuf_budget(), buffers_per_core, bool(strided_pairs),
+        gather_layout)
     _check_reuse(cfg, value, num_scatter_buffers, iota_k_scale_in, grad_value_buffers_in,
                  prev_reduced_grad_value, dump_grad_value_buffers, dump_reduced_grad_value)
     kernel = _BackwardKernel(cfg, core, value, grad_output, sampling_locations, attention_weights,
@@ -241,6 +252,7 @@ class _BackwardKernel:
                                                buffer=nl.shared_hbm, name=f"grad_value_buffers_{s}")
                                     for s in range(cfg.scatter_sets)]
         self.live = LiveRows(cfg, self.t, core)
+        self.value = value
         self.gather = CornerGather(cfg, self.t, value.reshape((p.batch * cfg.rows_per_batch, p.head_dim)),
                                    self.live)
         self.scatter = GradValueScatter(cfg, self.t, core, self.buffer_sets, self.live)
@@ -259,6 +271,9 @@ class _BackwardKernel:
         if t.sidx != None:  # noqa: E711  (rows beyond a partial block are read, then skipped)
             nisa.memset(dst=t.sidx, value=0)
         self.live.build()
+        if cfg.corner_blocks:  # the forward's scratch and build (one barrier at LNC 2)
+            cells2d = build_corner_blocks(self.value, cfg, self.core)
+            self.gather.use_corner_blocks(cells2d, scratch_rows_per_batch(p))
 
         buffer_sets = self.buffer_sets
         if cfg.compute_grad_value and buffers_in == None:  # noqa: E711

@@ -76,6 +76,8 @@ from dataclasses import dataclass, field, replace
 
 from nkilib_msda.experimental.deformable_attention.plan.backward_scatter_plan import (default_scatter_partitions,
                                                                                       plan_scatter_fold)
+from nkilib_msda.experimental.deformable_attention.plan.corner_plan import (build_sbuf_bytes,
+                                                                           resolve_gather_layout)
 from nkilib_msda.experimental.deformable_attention.plan.backward_tiling import (
     SbufTiles, channel_tile_widths, fit_sbuf, pad_columns, sbuf_bytes, sbuf_tiles,
     transpose_chunks,
@@ -142,6 +144,8 @@ class BackwardConfig:
     # D = 128 // P_s corners of a P_s-partition slice per scatter instruction (1: one column of
     # 128 partitions per instruction; backward_scatter_fold)
     scatter_fold: int = 1
+    # gathers read the corner-block scratch: one 4*C_h run per sample (backward_corner_blocks)
+    corner_blocks: bool = False
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -153,6 +157,20 @@ class BackwardConfig:
     def columns_per_block(self) -> int:
         """4*N_p gather/scatter columns (point, corner) per sample row."""
         return 4 * self.problem.num_points
+
+    @property
+    def gather_index_columns(self) -> int:
+        """Gather index columns per sample row and block: N_p cells (corner blocks) or the
+        4*N_p corners."""
+        return self.problem.num_points if self.corner_blocks else self.columns_per_block
+
+    @property
+    def gather_channels(self) -> int:
+        """Channels of the widest transpose of one gathered index: 4*C_h (a corner block) or
+        <= 128 of a channel tile."""
+        if self.corner_blocks:
+            return 4 * self.problem.head_dim
+        return max(c for _, c in transpose_chunks(self.channel_tile_width))
 
     @property
     def channel_tile_width(self) -> int:
@@ -257,6 +275,7 @@ class BackwardConfig:
             "pairs_g": self.gather_pairs, "P_s": self.scatter_partitions,
             "pairs_s": self.scatter_pairs, "K_base": self.k_base,
             "K": self.num_buffers, "S": self.scatter_sets, "fold": self.scatter_fold, "lnc": self.lnc,
+            "corner_blocks": self.corner_blocks,
             "sbuf_bytes_per_partition": self.sbuf_bytes_per_partition,
             "scratch_hbm_bytes": self.scratch_hbm_bytes,
         }
@@ -278,6 +297,7 @@ def plan_backward(
     sbuf_budget: int = TRN2_SBUF_BUDGET,
     buffers_per_core: int | None = None,
     strided_pairs: bool = False,
+    gather_layout: str = "auto",
 ) -> BackwardConfig:
     """Check the tuning knobs and plan one backward call; raises ValueError on bad knobs.
 
@@ -286,6 +306,9 @@ def plan_backward(
     ``strided_pairs``: also use x-corner pairs whose two rows are not one contiguous run (BLNC,
     or a channel tile narrower than C_h): a three-level indirect pattern that no NKI page
     documents and AWS's kernels never use (docs/conformance.md), so off by default.
+    ``gather_layout``: "auto", "four-corner" or "corner-block", the forward's choice
+    (``corner_plan.resolve_gather_layout``) applied to the gathers; it changes nothing when no
+    gather runs (only grad_value wanted) or where the C_h-wide tiles need channel tiles.
     """
     if lnc not in (1, 2):
         raise ValueError(f"lnc: expected 1 or 2 logical cores, got {lnc!r}")
@@ -328,6 +351,8 @@ def plan_backward(
 
     # gather plan
     method = "copy" if itemsize == 4 else gather_method
+    want_gather = compute_grad_sampling_locations or compute_grad_attention_weights
+    corner_blocks = resolve_gather_layout(gather_layout, problem, value_dtype, lnc, method) and want_gather
     cap = max_gather_indices_per_indirect
     gather_partitions, gather_columns, gather_pairs = PARTITIONS, 1, False
     if cap != None and cap < PARTITIONS:  # noqa: E711
@@ -359,35 +384,46 @@ def plan_backward(
         k_base = -(-scatter_partitions // groups)
     fold = plan_scatter_fold(scatter_partitions, cap, scatter_pairs, compute_grad_value)
 
+    if corner_blocks:  # one index column per sample (cell); the build's SBUF is reserved
+        gather_columns = transpose_gather_columns(n_p, 4 * c_h, max_gather_indices_per_indirect)
+    budget = sbuf_budget - (build_sbuf_bytes(problem, value_dtype) if corner_blocks else 0)
+
     def tiles_for(blocks: int, width: int, points: int = n_p) -> SbufTiles:
         shape = problem if points == n_p else replace(problem, num_points=points)
         return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
-                           compute_grad_value, compute_grad_sampling_locations or compute_grad_attention_weights,
+                           compute_grad_value, want_gather,
                            gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions),
-                           sets * lnc * k_base, fold)
+                           sets * lnc * k_base, fold, corner_blocks)
 
-    width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
+    width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), budget)
+    if width < c_h and corner_blocks:  # a corner block is whole C_h rows: plan four corners
+        corner_blocks, budget = False, sbuf_budget
+        gather_columns = transpose_gather_columns(cols, c_h, max_gather_indices_per_indirect)
+        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), budget)
     if width < c_h and fold > 1:  # the folded scatter's tiles never cost a channel tile
         fold = 1
-        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
+        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), budget)
     if width < c_h and not strided_pairs and (gather_pairs or scatter_pairs):
         # channel tiles make a BNLC pair two runs: plan again without pairs
         gather_pairs = scatter_pairs = False
-        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), sbuf_budget)
+        width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), budget)
     if blocks == 0:
         used = sbuf_bytes(tiles_for(1, 1))
         fitting = next((k for k in range(n_p - 1, 0, -1)  # an error path: a plain scan will do
-                        if sbuf_bytes(tiles_for(1, 1, k)) <= sbuf_budget), 0)
+                        if sbuf_bytes(tiles_for(1, 1, k)) <= budget), 0)
         raise ValueError(
             f"SBUF: the backward tiles need {used:,} bytes per partition even with one block per "
-            f"super-tile and one channel per channel tile, over the budget {sbuf_budget:,} "
+            f"super-tile and one channel per channel tile, over the budget {budget:,} "
             f"(value dtype {value_dtype}, C_h = {c_h}); sampling_locations: N_p = {n_p} points set "
             f"the per-partition sample tiles, at most N_p = {fitting} fits")
     if method == "transpose" and width < min(c_h, PARTITIONS):  # narrower transposes: fewer columns
         gather_columns = transpose_gather_columns(cols, width, max_gather_indices_per_indirect)
     tiles = tiles_for(blocks, width)
     channel_tiles = tuple((c0, min(width, c_h - c0)) for c0 in range(0, c_h, width))
-    psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (min(width, PARTITIONS) * itemsize)))
+    if corner_blocks:  # PE transposes of whole 4*C_h cells
+        psum_columns = max(1, min(n_p, PSUM_BANK_BYTES // (4 * c_h * itemsize)))
+    else:
+        psum_columns = max(1, min(cols, PSUM_BANK_BYTES // (min(width, PARTITIONS) * itemsize)))
     return BackwardConfig(
         problem=problem, lnc=lnc, value_itemsize=itemsize, groups=groups,
         queries_per_block=queries_per_block, partitions_per_block=queries_per_block * groups,
@@ -397,7 +433,7 @@ def plan_backward(
         k_base=k_base, num_buffers=k_base, scatter_sets=sets, compute_grad_value=compute_grad_value,
         compute_grad_sampling_locations=compute_grad_sampling_locations,
         compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
-        sbuf_tiles=tiles, scatter_fold=fold)
+        sbuf_tiles=tiles, scatter_fold=fold, corner_blocks=corner_blocks)
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

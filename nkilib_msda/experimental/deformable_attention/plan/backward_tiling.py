@@ -23,7 +23,7 @@ from nkilib_msda.hardware import (DMA_COMPUTE_MAX_SOURCES, DMA_TRANSPOSE_MAX_FRE
                                   INDEX_TILE_ALIGN_WORDS, PARTITIONS)
 from nkilib_msda.validation.msda import MSDAProblem
 
-__all__ = ["GATHER_TRANSPOSE_BUFS", "MAX_BLOCKS_PER_TILE", "REDUCE_FREE_ELEMENTS",
+__all__ = ["CONSTS", "CONSTS_CORNER_BLOCKS", "GATHER_TRANSPOSE_BUFS", "MAX_BLOCKS_PER_TILE", "REDUCE_FREE_ELEMENTS",
            "TRANSPOSE_PACKET_COLUMNS", "SbufTiles", "channel_tile_widths", "fit_sbuf", "gather_band",
            "gather_split", "sbuf_bytes", "sbuf_tiles", "transpose_chunks", "transpose_gather_columns"]
 
@@ -34,6 +34,9 @@ TRANSPOSE_PACKET_COLUMNS = 64
 # Transpose gathers: copies of the transposed tile, so the gather of the next index columns
 # overlaps the PE transposes of the previous ones.
 GATHER_TRANSPOSE_BUFS = 2
+# Per-partition fp32 constants (backward_sampling's C_* columns); corner-block gathers add two.
+CONSTS = 16
+CONSTS_CORNER_BLOCKS = 18
 
 SbufTiles = tuple[tuple[str, tuple[int, ...], str], ...]  # (name, free shape, dtype) per tile
 
@@ -82,7 +85,8 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
-               pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1, fold: int = 1) -> SbufTiles:
+               pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1, fold: int = 1,
+               corner_blocks: bool = False) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
@@ -94,12 +98,14 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     reduce ping-pongs between two fp32 tiles (``red_alt``).
     ``fold`` > 1 (backward_scatter_fold): its index scratch, permuted index columns and two
     copies of the permuted scatter data.
+    ``corner_blocks`` (corner-block gathers, ``backward_corner_blocks``): two more per-partition
+    constants (the cell-row terms) and transposed tiles of ``4 * C_h`` channels per index.
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
     cols = 4 * n_p
     tiles = [
-        ("consts", (16,), "float32"),
+        ("consts", (CONSTS_CORNER_BLOCKS if corner_blocks else CONSTS,), "float32"),
         ("kscale", (1,), "int32"),
         ("kscale_f", (1,), "float32"),
         ("loc", (f, 2), "float32"),
@@ -143,7 +149,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         if tiled:
             tiles.append(("dot_part", (n_p, 4), "float32"))
         if gather_method == "transpose":  # bands of channels x m*128 gathered rows, 2 copies
-            m = max(gather_split(gather_columns, c)[1] for _, c in transpose_chunks(width))
+            chunks = ((0, 4 * c_h),) if corner_blocks else transpose_chunks(width)
+            m = max(gather_split(gather_columns, c)[1] for _, c in chunks)
             tiles.append(("transposed", (GATHER_TRANSPOSE_BUFS, m * PARTITIONS), value_dtype))
             # a 16-byte-aligned copy of a multi-column index tile that starts misaligned
             tiles.append(("gidx_aligned", (2, -(-m // INDEX_TILE_ALIGN_WORDS) * INDEX_TILE_ALIGN_WORDS), "uint32"))

@@ -65,13 +65,20 @@ def test_pairs_are_one_contiguous_run_unless_strided_pairs():
 
 def test_gather_caps():
     p = problem()
-    cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=1024)
+    four = {"gather_layout": "four-corner"}
+    cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=1024, **four)
     assert cfg.gather_columns == 8 and cfg.gather_method == "transpose"
-    cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=200)
+    cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=200, **four)
     assert cfg.gather_columns == 1
     for cap in (None, 10**6):
-        cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=cap)
+        cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=cap, **four)
         assert cfg.gather_columns == 16  # packet limit 64 // (128 / 32)
+    # corner blocks: one index column per sample (N_p = 8 per block), 128 channels each
+    cfg = plan_backward(p, "bfloat16", gather_layout="corner-block")
+    assert (cfg.corner_blocks, cfg.gather_columns, cfg.gather_index_columns) == (True, 8, 8)
+    assert (cfg.gather_channels, cfg.psum_columns) == (128, 8)
+    cfg = plan_backward(p, "bfloat16", max_gather_indices_per_indirect=512, gather_layout="corner-block")
+    assert cfg.gather_columns == 4
     assert plan_backward(problem(c_h=256), "bfloat16").gather_columns == 32
     cfg = plan_backward(problem(layout="BNLC"), "bfloat16", gather_method="copy")
     assert (cfg.gather_pairs, cfg.gather_columns) == (True, 1)
@@ -372,8 +379,13 @@ def test_transpose_gather_bands(channels, columns):
 
 
 def test_transposed_tiles_are_double_buffered_bands():
-    cfg = plan_backward(problem(), "bfloat16")             # C_h = 32: four bands
+    cfg = plan_backward(problem(), "bfloat16", gather_layout="four-corner")  # C_h = 32: four bands
     tiles = {name: shape for name, shape, _ in cfg.sbuf_tiles}
     band, m = gather_split(cfg.gather_columns, 32)
     assert band == 32 and tiles["transposed"] == (GATHER_TRANSPOSE_BUFS, m * PARTITIONS)
     assert GATHER_TRANSPOSE_BUFS >= 2
+    cfg = plan_backward(problem(), "bfloat16", gather_layout="corner-block")  # 4 * C_h: one band
+    tiles = {name: shape for name, shape, _ in cfg.sbuf_tiles}
+    band, m = gather_split(cfg.gather_columns, 128)
+    assert band == 128 and tiles["transposed"] == (GATHER_TRANSPOSE_BUFS, m * PARTITIONS)
+    assert tiles["consts"] == (18,)
