@@ -12,6 +12,14 @@ Usage::
 
     python benchmarks/corner_block_model.py [--shapes basic tsa-small ...] [--lnc 1 2]
         [--directions fwd bwd]
+    python benchmarks/corner_block_model.py --measured-bwd basic tsa-small ... [--lnc 1 2]
+        [--scenarios]
+
+``--measured-bwd`` reads the emulator's rows of the side-by-side cache instead
+(``msda_side_by_side.json``: ``ours-4c/bwd`` four-corner, ``ours/bwd`` the planner's layout,
+``aws/bwd``) and prints, per shape and LNC, the backward's modelled time with four corners and
+with corner blocks and the robust ratio against AWS at the same scenario and band corner
+(``--scenarios``: every scenario and band corner).
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from msda_side_by_side import DEFAULT_JSON, SHAPES  # noqa: E402
+
+from nkilib_msda.simulator.timing.scenarios import SCENARIOS  # noqa: E402
+from nkilib_msda.simulator.timing.scenarios import robust_ratio as paired_ratio  # noqa: E402
 
 from corner_cost import (DESIGNS_BWD, DESIGNS_FWD, PARAMETER_SETS, STRUCTURES,  # noqa: E402
                          Phase, backward_phases, forward_phases, modelled_us, robust_ratio,
@@ -168,6 +179,54 @@ def measure(shape: str, lnc: int) -> str:
             + f" | {ratios['nominal']:.2f} | {ratios[worst]:.2f} ({worst}) | {'yes' if ok else 'NO'} |")
 
 
+CORNERS = (("low", "low_us"), ("nominal", "estimate_us"), ("high", "high_us"))
+
+
+def measured_backward(shapes: list[str], lncs: list[int], per_scenario: bool,
+                      path: Path = DEFAULT_JSON) -> list[str]:
+    """Markdown tables from the cached emulator rows: four-corner (``ours-4c``) against the
+    planner's layout (``ours``; corner blocks where "auto" picks them) and both against AWS,
+    each ratio at one scenario and band corner."""
+    runs = json.loads(path.read_text())["runs"]
+    out = ["| shape | LNC | layout (ours) | µs four-corner / ours | ours / four-corner nominal "
+           "| worst ours / four-corner (where) | robust ours/AWS four-corner → ours (where) | model |",
+           "|---|---|---|---|---|---|---|---|"]
+    detail = ["| shape | LNC | scenario | low µs 4c / ours / AWS | nominal µs 4c / ours / AWS "
+              "| high µs 4c / ours / AWS | ours/AWS low, nominal, high (four-corner) |",
+              "|---|---|---|---|---|---|---|"]
+    for shape in shapes:
+        for lnc in lncs:
+            four, ours = runs.get(f"ours-4c/bwd/{shape}/lnc{lnc}"), runs.get(f"ours/bwd/{shape}/lnc{lnc}")
+            aws = runs.get(f"aws/bwd/{shape}/lnc{lnc}")
+            if not four or not ours or four.get("status") != "ok" or ours.get("status") != "ok":
+                out.append(f"| {shape} | {lnc} | - | not run | | | | |")
+                continue
+            models = {r["model_hash"] for r in (four, ours, aws) if r}
+            sf, so = four["timing"]["scenarios"], ours["timing"]["scenarios"]
+            layout = "corner-block" if ours["counts"]["dma"]["indirect_transpose"]["descriptors"] < \
+                four["counts"]["dma"]["indirect_transpose"]["descriptors"] else "four-corner"
+            worst = max(((so[s][k] / sf[s][k], f"{s}, {c}") for s in SCENARIOS for c, k in CORNERS),
+                        key=lambda rw: rw[0])  # the first of equal ratios
+            robust = "-"
+            if aws and aws.get("timing") and len(models) == 1:
+                sa = aws["timing"]["scenarios"]
+                r4, r = paired_ratio(sf, sa), paired_ratio(so, sa)
+                if r4 and r:
+                    robust = f"{r4[0]:.2f} → {r[0]:.2f} ({r[1]}, {r[2]})"
+                    for s in SCENARIOS if per_scenario else ():
+                        cells = [f"{sf[s][k]:,.0f} / {so[s][k]:,.0f} / {sa[s][k]:,.0f}" for _, k in CORNERS]
+                        ratios = ", ".join(f"{so[s][k] / sa[s][k]:.2f}" for _, k in CORNERS)
+                        ratios4 = ", ".join(f"{sf[s][k] / sa[s][k]:.2f}" for _, k in CORNERS)
+                        detail.append(f"| {shape} | {lnc} | {s} | " + " | ".join(cells)
+                                      + f" | {ratios} ({ratios4}) |")
+            out.append(
+                f"| {shape} | {lnc} | {layout} | {four['timing']['estimate_us']:,.0f} / "
+                f"{ours['timing']['estimate_us']:,.0f} | "
+                f"{ours['timing']['estimate_us'] / four['timing']['estimate_us']:.2f} | "
+                f"{worst[0]:.2f} ({worst[1]}) | {robust} | {', '.join(sorted(models))} |")
+    return out + ([""] + detail if per_scenario else [])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=sorted(SHAPES))
@@ -179,8 +238,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="also run today's kernel on these shapes in the emulator (LNC 2)")
     ap.add_argument("--measure", nargs="*", default=[], metavar="SHAPE",
                     help="run the forward of these shapes with both layouts in the emulator")
+    ap.add_argument("--measured-bwd", nargs="*", default=None, metavar="SHAPE",
+                    help="print the cached emulator backward rows of these shapes (see above)")
+    ap.add_argument("--scenarios", action="store_true",
+                    help="with --measured-bwd: every scenario and band corner")
     args = ap.parse_args(argv)
     out: list[str] = []
+    if args.measured_bwd is not None:
+        print("\n".join(measured_backward(args.measured_bwd or list(DEFAULT_SHAPES), args.lnc,
+                                          args.scenarios)))
+        return
     if args.measure:
         out += ["### Emulator: four-corner / corner-block forward, modelled µs (nominal structure)", "",
                 "| shape | LNC | indirect descriptors (all cores) | " + " | ".join(PARAMETER_SETS)
