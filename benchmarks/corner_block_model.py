@@ -13,7 +13,7 @@ Usage::
     python benchmarks/corner_block_model.py [--shapes basic tsa-small ...] [--lnc 1 2]
         [--directions fwd bwd]
     python benchmarks/corner_block_model.py --measured-bwd basic tsa-small ... [--lnc 1 2]
-        [--scenarios]
+        [--scenarios] [--before OLD_JSON]
 
 ``--measured-bwd`` reads the emulator's rows of the side-by-side cache instead
 (``msda_side_by_side.json``: ``ours-4c/bwd`` four-corner, ``ours/bwd`` the planner's layout,
@@ -183,32 +183,37 @@ CORNERS = (("low", "low_us"), ("nominal", "estimate_us"), ("high", "high_us"))
 
 
 def measured_backward(shapes: list[str], lncs: list[int], per_scenario: bool,
-                      path: Path = DEFAULT_JSON) -> list[str]:
-    """Markdown tables from the cached emulator rows: four-corner (``ours-4c``) against the
-    planner's layout (``ours``; corner blocks where "auto" picks them) and both against AWS,
-    each ratio at one scenario and band corner."""
+                      path: Path = DEFAULT_JSON, before: Path | None = None) -> list[str]:
+    """Markdown tables from the cached emulator rows: four-corner (``ours-4c``, or where the
+    cache has none the ``ours`` row of the ``before`` cache) against the planner's layout
+    (``ours``; corner blocks where "auto" picks them) and both against AWS, each ratio at one
+    scenario and band corner ("range": ours / four-corner over all 27 points)."""
     runs = json.loads(path.read_text())["runs"]
-    out = ["| shape | LNC | layout (ours) | µs four-corner / ours | ours / four-corner nominal "
-           "| worst ours / four-corner (where) | robust ours/AWS four-corner → ours (where) | model |",
+    old = json.loads(before.read_text())["runs"] if before else {}
+    out = ["| shape | LNC | layout (ours) | µs four-corner / ours | ours / four-corner nominal, range "
+           "(worst where) | robust ours/AWS four-corner → ours (where) | ours / lower bound | model |",
            "|---|---|---|---|---|---|---|---|"]
     detail = ["| shape | LNC | scenario | low µs 4c / ours / AWS | nominal µs 4c / ours / AWS "
               "| high µs 4c / ours / AWS | ours/AWS low, nominal, high (four-corner) |",
               "|---|---|---|---|---|---|---|"]
     for shape in shapes:
         for lnc in lncs:
-            four, ours = runs.get(f"ours-4c/bwd/{shape}/lnc{lnc}"), runs.get(f"ours/bwd/{shape}/lnc{lnc}")
+            four = runs.get(f"ours-4c/bwd/{shape}/lnc{lnc}") or old.get(f"ours/bwd/{shape}/lnc{lnc}")
+            ours = runs.get(f"ours/bwd/{shape}/lnc{lnc}")
             aws = runs.get(f"aws/bwd/{shape}/lnc{lnc}")
+            aws = aws if aws and aws.get("status") == "ok" and aws.get("timing") else None
             if not four or not ours or four.get("status") != "ok" or ours.get("status") != "ok":
                 out.append(f"| {shape} | {lnc} | - | not run | | | | |")
                 continue
-            models = {r["model_hash"] for r in (four, ours, aws) if r}
+            models = {str(r.get("model_hash")) for r in (four, ours, aws) if r}
             sf, so = four["timing"]["scenarios"], ours["timing"]["scenarios"]
             layout = "corner-block" if ours["counts"]["dma"]["indirect_transpose"]["descriptors"] < \
                 four["counts"]["dma"]["indirect_transpose"]["descriptors"] else "four-corner"
-            worst = max(((so[s][k] / sf[s][k], f"{s}, {c}") for s in SCENARIOS for c, k in CORNERS),
-                        key=lambda rw: rw[0])  # the first of equal ratios
+            points = [(so[s][k] / sf[s][k], f"{s}, {c}") for s in SCENARIOS for c, k in CORNERS]
+            worst = max(points, key=lambda rw: rw[0])  # the first of equal ratios
+            best = min(r for r, _ in points)
             robust = "-"
-            if aws and aws.get("timing") and len(models) == 1:
+            if aws and len(models) == 1:
                 sa = aws["timing"]["scenarios"]
                 r4, r = paired_ratio(sf, sa), paired_ratio(so, sa)
                 if r4 and r:
@@ -222,8 +227,10 @@ def measured_backward(shapes: list[str], lncs: list[int], per_scenario: bool,
             out.append(
                 f"| {shape} | {lnc} | {layout} | {four['timing']['estimate_us']:,.0f} / "
                 f"{ours['timing']['estimate_us']:,.0f} | "
-                f"{ours['timing']['estimate_us'] / four['timing']['estimate_us']:.2f} | "
-                f"{worst[0]:.2f} ({worst[1]}) | {robust} | {', '.join(sorted(models))} |")
+                f"{ours['timing']['estimate_us'] / four['timing']['estimate_us']:.2f}, "
+                f"{best:.2f}–{worst[0]:.2f} ({worst[1]}) | {robust} | "
+                f"{ours['timing']['estimate_us'] / ours['timing']['lower_bound_us']:.2f} | "
+                f"{', '.join(sorted(models))} |")
     return out + ([""] + detail if per_scenario else [])
 
 
@@ -240,13 +247,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="run the forward of these shapes with both layouts in the emulator")
     ap.add_argument("--measured-bwd", nargs="*", default=None, metavar="SHAPE",
                     help="print the cached emulator backward rows of these shapes (see above)")
+    ap.add_argument("--before", type=Path, default=None, metavar="JSON",
+                    help="with --measured-bwd: a side-by-side cache whose ours/bwd rows are the "
+                    "four-corner rows where this cache has no ours-4c row")
     ap.add_argument("--scenarios", action="store_true",
                     help="with --measured-bwd: every scenario and band corner")
     args = ap.parse_args(argv)
     out: list[str] = []
     if args.measured_bwd is not None:
         print("\n".join(measured_backward(args.measured_bwd or list(DEFAULT_SHAPES), args.lnc,
-                                          args.scenarios)))
+                                          args.scenarios, before=args.before)))
         return
     if args.measure:
         out += ["### Emulator: four-corner / corner-block forward, modelled µs (nominal structure)", "",
