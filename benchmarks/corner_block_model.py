@@ -14,6 +14,7 @@ Usage::
         [--directions fwd bwd]
     python benchmarks/corner_block_model.py --measured-bwd basic tsa-small ... [--lnc 1 2]
         [--scenarios] [--before OLD_JSON]
+    python benchmarks/corner_block_model.py --predict-bwd OLD_JSON [--shapes ...] [--lnc 1 2]
 
 ``--measured-bwd`` reads the emulator's rows of the side-by-side cache instead
 (``msda_side_by_side.json``: ``ours-4c/bwd`` four-corner, ``ours/bwd`` the planner's layout,
@@ -234,6 +235,36 @@ def measured_backward(shapes: list[str], lncs: list[int], per_scenario: bool,
     return out + ([""] + detail if per_scenario else [])
 
 
+def predicted_backward(shapes: list[str], lncs: list[int], path: Path) -> list[str]:
+    """The premise check before building corner-block gathers: each cached four-corner ``ours``
+    backward row of ``path`` scaled, scenario by scenario and band corner by band corner, by
+    the analytic corner-gather / four-corner ratio (the analytic parameter set of a pinned
+    scenario is that scenario's; of ``*/nominal`` the band corner), paired with AWS's row."""
+    runs = json.loads(path.read_text())["runs"]
+    out = ["| shape | LNC | robust ours/AWS four-corner (where) | predicted with corner-block gathers (where) |",
+           "|---|---|---|---|"]
+    analytic_set = {"low": "low", "nominal": "nominal", "high": "high"}
+    for shape in shapes:
+        p = problem_of(SHAPES[shape])
+        for lnc in lncs:
+            ours, aws = runs.get(f"ours/bwd/{shape}/lnc{lnc}"), runs.get(f"aws/bwd/{shape}/lnc{lnc}")
+            if not ours or not aws or aws.get("status") != "ok" or not aws.get("timing"):
+                continue
+            base = backward_phases(p, "bfloat16", lnc, "four-corner")
+            cand = backward_phases(p, "bfloat16", lnc, "corner-gather")
+            so, sa = ours["timing"]["scenarios"], aws["timing"]["scenarios"]
+            now, new = (0.0, ""), (0.0, "")
+            for s in SCENARIOS:
+                st, ps = s.split("/")
+                for c, k in CORNERS:
+                    q = analytic_set[c] if ps == "nominal" else ps
+                    r = modelled_us(cand, lnc, st, q) / modelled_us(base, lnc, st, q)
+                    now = max(now, (so[s][k] / sa[s][k], f"{s}, {c}"))
+                    new = max(new, (so[s][k] / sa[s][k] * r, f"{s}, {c}"))
+            out.append(f"| {shape} | {lnc} | {now[0]:.2f} ({now[1]}) | {new[0]:.2f} ({new[1]}) |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=sorted(SHAPES))
@@ -250,10 +281,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before", type=Path, default=None, metavar="JSON",
                     help="with --measured-bwd: a side-by-side cache whose ours/bwd rows are the "
                     "four-corner rows where this cache has no ours-4c row")
+    ap.add_argument("--predict-bwd", type=Path, default=None, metavar="JSON",
+                    help="the premise check: predicted robust ratio of corner-block gathers from "
+                    "the four-corner ours/bwd rows of this side-by-side cache")
     ap.add_argument("--scenarios", action="store_true",
                     help="with --measured-bwd: every scenario and band corner")
     args = ap.parse_args(argv)
     out: list[str] = []
+    if args.predict_bwd is not None:
+        print("\n".join(predicted_backward(args.shapes, args.lnc, args.predict_bwd)))
+        return
     if args.measured_bwd is not None:
         print("\n".join(measured_backward(args.measured_bwd or list(DEFAULT_SHAPES), args.lnc,
                                           args.scenarios, before=args.before)))
