@@ -176,3 +176,41 @@ def test_planner_choice():
     with pytest.raises(ValueError, match="gather_layout='corner-block'.*C_h=64"):
         plan_backward(_problem(MSDACase(head_dim=64, spatial_shapes=LEVELS)), "bfloat16",
                       gather_layout="corner-block")
+
+
+@pytest.mark.parametrize("flags", [(False, True, False), (False, False, True), (True, False, False)],
+                         ids=["L", "A", "V"])
+def test_gradient_flag_subsets(flags):
+    """Either sample gradient alone gathers from the corner blocks; grad_value alone builds
+    nothing (no gathers run)."""
+    c = MSDACase(batch=2, num_queries=13, num_heads=8, num_points=3, spatial_shapes=LEVELS)
+    grad, args = backward_inputs(c, 21)
+    args = _edge_heavy(args, 22)
+    kw = dict(zip(("compute_grad_value", "compute_grad_sampling_locations",
+                   "compute_grad_attention_weights"), flags))
+    assert plan_backward(_problem(c), c.value_dtype, 2, gather_layout="corner-block",
+                         **kw).corner_blocks == (not flags[0])
+    outs = run_bwd(grad, args, lnc=2, **CB, **kw)
+    check_gradients(outs, ms_deformable_attention_bwd_ref(grad, **args), c, flags)
+
+
+def test_reuse_chain_with_given_buffers():
+    """Two calls accumulating into the same grad_value buffers (iota_k_scale_in,
+    grad_value_buffers_in, prev_reduced_grad_value) with corner-block gathers in both."""
+    c = MSDACase(batch=2, num_queries=30, num_heads=8, num_points=2, spatial_shapes=LEVELS,
+                 value_layout="BNLC")
+    grad, args = backward_inputs(c, 23)
+    chunks = []
+    for sl in (slice(0, 13), slice(13, None)):
+        part = dict(args, attention_weights=np.ascontiguousarray(args["attention_weights"][:, sl]),
+                    sampling_locations=np.ascontiguousarray(args["sampling_locations"][:, sl]))
+        chunks.append((np.ascontiguousarray(grad[:, sl]), part))
+    (g1, a1), (g2, a2) = chunks
+    gv1, _, _, iota, bufs1, red1 = run_bwd(g1, a1, lnc=2, dump_iota_k_scale=True, dump_grad_value_buffers=True,
+                                          dump_reduced_grad_value=True, **CB)
+    gv2, gsl2, gaw2, red2 = run_bwd(g2, a2, lnc=2, iota_k_scale_in=iota, grad_value_buffers_in=bufs1.copy(),
+                                    prev_reduced_grad_value=red1, dump_reduced_grad_value=True, **CB)
+    check_gradients((gv1,), ms_deformable_attention_bwd_ref(g1, **a1), c, (True, False, False))
+    check_gradients((gv2, gsl2, gaw2), ms_deformable_attention_bwd_ref(g2, **a2), c)
+    ref_all = ms_deformable_attention_bwd_ref(grad, **args)[0]
+    assert float(np.max(np.abs(red2 - ref_all))) <= 1e-5 * float(np.max(np.abs(ref_all)))
