@@ -1,11 +1,13 @@
 """GPU time of several source trees of this package side by side, in one process (a bisect).
 
-    python benchmarks/version_ab.py --versions LABEL=DIR,LABEL=DIR,... [--shapes bevformer-tsa]
+    python benchmarks/version_ab.py --versions LABEL=DIR[@NAME=VALUE...],... [--shapes bevformer-tsa]
         [--dtypes float32,bfloat16] [--rounds 5] [--replays 20] [--deterministic LABEL,...]
         [--tile-shapes ddetr-encoder,...] [--tiles 1x2,4x2,...] [--local] [--compile-only]
 
 Each DIR holds a copy of the package (``DIR/nkilib_msda``, e.g. ``git archive REV nkilib_msda |
-tar -x -C DIR``). The versions are imported one after the other into this process (the modules
+tar -x -C DIR``); ``@NAME=VALUE`` after DIR sets an environment variable for that version's
+calls alone (a switch read when a launch is planned: one tree timed with and without it, e.g.
+``default=.,grid3d=.@NKILIB_MSDA_TRITON_GRID=3d``). The versions are imported one after the other into this process (the modules
 of the previous one are dropped from ``sys.modules`` first; its functions stay alive in the
 closures), so every version runs on the same input tensors. For each version, shape and dtype
 it times the Triton backend's functions called directly, as the benchmark's ``triton`` rows do:
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -80,19 +83,37 @@ def load_version(directory: str):
     return tb, validate, {name: sys.modules[name] for name in _package_modules()}
 
 
-def in_version(modules: dict, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with ``modules`` (one version's package) in ``sys.modules``; modules it imports
-    on the way join that version's."""
+def in_version(modules: dict, fn: Callable[[], Any], env: dict | None = None
+               ) -> Callable[[], Any]:
+    """``fn`` run with ``modules`` (one version's package) in ``sys.modules`` and ``env`` set in
+    ``os.environ`` (restored afterwards); modules it imports on the way join that version's."""
+    env = env or {}
+
     def run():
         saved = {name: sys.modules.pop(name) for name in _package_modules()}
         sys.modules.update(modules)
+        saved_env = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
         try:
             return fn()
         finally:
+            for name, old in saved_env.items():
+                if old is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = old
             for name in _package_modules():
                 modules[name] = sys.modules.pop(name)
             sys.modules.update(saved)
     return run
+
+
+def parse_version(spec: str) -> tuple[str, str, dict]:
+    """``LABEL=DIR[@NAME=VALUE...]`` -> (label, directory, environment)."""
+    label, rest = spec.split("=", 1)
+    directory, *assignments = rest.split("@")
+    env = dict(a.split("=", 1) for a in assignments)
+    return label, directory, env
 
 
 def make_inputs(shape: str, dtype: str, local: bool, seed: int = 0):
@@ -224,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiles", default="", help="BQxW,...: all-samples backward tiles (last version)")
     p.add_argument("--local", action="store_true", help="fwd+bwd with local locations (last version)")
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--decide", default="", metavar="FILE",
+                   help="write the environment of the version that beats the first on every "
+                        "group beyond the noise (see decide) to FILE")
     args = p.parse_args(argv)
 
     import torch
@@ -231,21 +255,21 @@ def main(argv: list[str] | None = None) -> int:
     def split(text: str) -> list[str]:
         return [x for x in text.split(",") if x]
 
-    versions = [v.split("=", 1) for v in split(args.versions)]
+    versions = [parse_version(v) for v in split(args.versions)]
     shapes, tile_shapes, dtypes = split(args.shapes), split(args.tile_shapes), split(args.dtypes)
     tiles = [tuple(int(x) for x in t.split("x")) for t in split(args.tiles)]
     inputs = {(s, d, False): make_inputs(s, d, False) for s in {*shapes, *tile_shapes} for d in dtypes}
     if args.local:
         inputs.update({(s, d, True): make_inputs(s, d, True) for s in tile_shapes for d in dtypes})
     cases: list[Case] = []
-    for i, (label, directory) in enumerate(versions):
+    for i, (label, directory, env) in enumerate(versions):
         last = i == len(versions) - 1
         tb, validate, modules = load_version(directory)
         new = version_cases(label, tb, validate, inputs, shapes, dtypes,
                             label in split(args.deterministic),
                             tile_shapes if last else (), tiles, args.local)
         for case in new:
-            case.fn = in_version(modules, case.fn)
+            case.fn = in_version(modules, case.fn, env)
         cases += new
     if args.compile_only:
         for case in cases:
@@ -282,7 +306,44 @@ def main(argv: list[str] | None = None) -> int:
             spread = max(case.rounds) - min(case.rounds)
             print(f"| {shape} | {dtype} | {mode} | {case.label} | {med:.1f} | {spread:.1f} | "
                   f"{med / base:.3f} |")
+    if args.decide:
+        decide(groups, {label: env for label, _, env in versions}, args.decide)
     return 0
+
+
+def decide(groups: dict, envs: dict, path: str) -> str | None:
+    """Which version beats the group's first (the default) on every group by more than the
+    noise: the larger of the two spreads and of the difference between the first and any other
+    version with the first's environment (the same code timed twice). Prints each version's
+    verdict and writes ``export NAME=VALUE`` lines of the winner with the lowest mean ratio
+    (nothing when none wins) to ``path``; returns its label."""
+    labels = list(dict.fromkeys(c.label for members in groups.values() for c in members))
+    first = labels[0]
+    twins = [x for x in labels[1:] if envs.get(x) == envs.get(first)]
+    verdicts: dict = {}
+    for label in labels[1:]:
+        if label in twins:
+            continue
+        wins, ratios = [], []
+        for members in groups.values():
+            by = {c.label: c for c in members}
+            base, other = by[first], by[label]
+            noise = max(max(base.rounds) - min(base.rounds), max(other.rounds) - min(other.rounds),
+                        *(abs(statistics.median(by[t].rounds) - statistics.median(base.rounds))
+                          for t in twins))
+            gain = statistics.median(base.rounds) - statistics.median(other.rounds)
+            wins.append(gain > noise)
+            ratios.append(statistics.median(other.rounds) / statistics.median(base.rounds))
+        verdicts[label] = (all(wins), sum(wins), statistics.mean(ratios))
+        print(f"{label}: beats {first} beyond the noise on {sum(wins)} of {len(wins)} groups, "
+              f"mean ratio {statistics.mean(ratios):.3f}")
+    winners = [x for x, (every, _, _) in verdicts.items() if every]
+    best = min(winners, key=lambda x: verdicts[x][2]) if winners else None
+    with open(path, "w") as f:
+        for name, value in (envs[best] if best else {}).items():
+            f.write(f"export {name}={value}\n")
+    print(f"decision: {best or first + ' (no version wins on every group)'}")
+    return best
 
 
 if __name__ == "__main__":
