@@ -325,12 +325,11 @@ def cases():
     yield "samples-backward 4 q/program C_h=20 P=5", torch.float32, dict(
         channels=20, points=5, queries=61,
         plan_changes=dict(samples_backward=tb.KernelConfig(4, 4)))
-    for i, (vl, ll, ac, pm) in enumerate(combos):  # switches of issue 31 item 3 (docs/triton.md)
+    for i, (vl, ll, ac, pm) in enumerate(combos):  # 2 queries per program (BEV TSA's fp32 plan)
         dtype = (torch.float32, torch.bfloat16)[i // 2]
-        yield f"samples-backward 3-D grid, maxnreg 48 {vl}/{ll} ac={ac} {pm}", dtype, dict(
+        yield f"samples-backward 2 q/program {vl}/{ll} ac={ac} {pm}", dtype, dict(
             value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, queries=61,
-            points=4 + i, plan_changes=dict(grid_3d=True,
-                                            samples_backward=tb.KernelConfig(2, 2, maxnreg=48)))
+            points=4 + i, plan_changes=dict(samples_backward=tb.KernelConfig(2, 2)))
     for i, (vl, ll, ac, pm) in enumerate(combos):
         yield f"samples-kernel {vl}/{ll} ac={ac} {pm} C_h={32 - 4 * i}", torch.float32, dict(
             value_layout=vl, loc_layout=ll, align_corners=ac, padding_mode=pm, channels=32 - 4 * i,

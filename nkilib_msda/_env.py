@@ -167,14 +167,6 @@ def _compiler_lnc() -> int | None:
     return degree
 
 
-def _maxnreg() -> int | None:
-    word = env_choice("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", ("auto", *MAXNREG_CHOICES),
-                      default="auto")
-    return None if word == "auto" else int(word)
-
-
-# Register caps NKILIB_MSDA_TRITON_BACKWARD_MAXNREG accepts (multiples of 8 that ptxas honours).
-MAXNREG_CHOICES = ("32", "40", "48", "56", "64")
 _BACKENDS = ("auto", "reference", "nki", "triton")
 
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
@@ -224,16 +216,6 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "Triton backend: launch compiled kernels directly, skipping Triton's Python launcher "
            "(off under `TRITON_INTERPRET`); read once, at import",
            lambda: env_flag("NKILIB_MSDA_TRITON_FAST_LAUNCH", default=True)),
-    EnvVar("NKILIB_MSDA_TRITON_GRID", "`flat` (default), `3d`",
-           "Triton backend: `3d` launches the MSDA kernels on a (query blocks, batch, heads) grid "
-           "instead of a flat one (no integer division per program; not yet measured on a GPU); "
-           "read when a launch is planned",
-           lambda: env_choice("NKILIB_MSDA_TRITON_GRID", ("flat", "3d"), default="flat")),
-    EnvVar("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "`auto` (default), `32`, `40`, `48`, `56`, `64`",
-           "Triton backend: register cap per thread of the fast-mode (all-samples) backward "
-           "kernel, for more resident programs per SM (not yet measured on a GPU); read when a "
-           "launch is planned",
-           _maxnreg),
     EnvVar("TRITON_INTERPRET", "`1` to enable",
            "Triton's CPU interpreter: the triton backend runs on CPU tensors (tests only)",
            lambda: _external_flag("TRITON_INTERPRET"), owner="Triton"),

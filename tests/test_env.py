@@ -196,8 +196,7 @@ def test_backend_choices_are_the_registered_backends():
     ("NEURON_LOGICAL_NC_CONFIG", "abc"), ("NKILIB_MSDA_SIM_LNC", "4"),
     ("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1"), ("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2"),
     ("NKILIB_MSDA_BACKEND", "cuda"), ("NKILIB_MSDA_NKI", "real"),
-    ("NEURON_CC_FLAGS", "-O2 --lnc=4"), ("NEURON_CC_FLAGS", "--logical-nc-config"),
-    ("NKILIB_MSDA_TRITON_GRID", "2d"), ("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG", "47")])
+    ("NEURON_CC_FLAGS", "-O2 --lnc=4"), ("NEURON_CC_FLAGS", "--logical-nc-config")])
 def test_every_bad_value_is_one_error_type_naming_the_variable(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(EnvironmentVariableError, match=rf"^{name}: expected .*got {raw!r}"):
@@ -215,7 +214,6 @@ def test_defaults_and_case(monkeypatch):
         "NEURON_LOGICAL_NC_CONFIG": None, "NEURON_CC_FLAGS": None, "NKILIB_MSDA_SIM_LNC": None,
         "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NKILIB_MSDA_DETERMINISTIC": None,
         "NKILIB_MSDA_TRITON_FAST_LAUNCH": True, "TRITON_INTERPRET": False,
-        "NKILIB_MSDA_TRITON_GRID": "flat", "NKILIB_MSDA_TRITON_BACKWARD_MAXNREG": None,
         "NKILIB_MSDA_EMULATOR_TIMING": True, "USE_HUB_KERNELS": "", "DISABLE_KERNEL_MAPPING": ""}
     monkeypatch.setenv("NKILIB_MSDA_BACKEND", " Reference ")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3")

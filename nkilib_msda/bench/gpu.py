@@ -31,7 +31,7 @@ from nkilib_msda.bench import peers
 from nkilib_msda.bench.guard import floor_table, load_accepted, peers_table, write_accepted
 from nkilib_msda.bench.report import (TABLE_HEADER, Row, format_row, results_dict, rows_from_log,
                                       summary_table, targets_table, write_plot)
-from nkilib_msda.bench.shapes import DTYPES, MODES, SHAPES, BenchShape, make_inputs
+from nkilib_msda.bench.shapes import DTYPES, MODES, SHAPES, BenchShape, compulsory_bytes, make_inputs
 from nkilib_msda.bench.shapes import shape_name as canonical_shape
 from nkilib_msda.workloads import PRESET_ALIASES
 from nkilib_msda.workloads import relative_l2 as _relative_l2
@@ -219,11 +219,6 @@ def time_fn(fn, graph: bool, warmup: int, rep: int) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
-def compulsory_bytes(inputs) -> int:
-    value, loc, attn, grad = inputs
-    return sum(t.numel() * t.element_size() for t in (value, loc, attn, grad))
-
-
 def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_errors=True,
                   log=print) -> list[Row]:
     import torch
@@ -241,7 +236,8 @@ def run_benchmark(shapes, dtypes, modes, impls, warmup, rep, copy_bw, with_error
                     log(note)
                     printed_notes.add(note)
             errs = errors_against_float64(shape, inputs, found) if with_errors else {}
-            fwd_bytes = compulsory_bytes(inputs)
+            fwd_bytes = compulsory_bytes(shape, dtype_name)
+            assert fwd_bytes == sum(t.numel() * t.element_size() for t in inputs)
             for name, fns in found.items():
                 for mode, fn in fns.items():
                     if mode not in modes:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from nkilib_msda.bench.shapes import SHAPES, shape_name
+import re
+
+from nkilib_msda.bench.shapes import SHAPES, compulsory_bytes, shape_name
 
 
 @dataclass
@@ -118,7 +120,11 @@ def results_dict(rows: list[Row], device: str, command: str) -> dict:
 
 def rows_from_log(text: str) -> list[Row]:
     """Rows back from the markdown rows a run printed (to re-render the summary, the targets
-    and the PNG from a run's log, e.g. one cut short by a time limit)."""
+    and the PNG from a run's log, e.g. one cut short by a time limit). Where the log names the
+    run's measured copy bandwidth (its first line), each row's floor is recomputed from it and
+    the shape's compulsory bytes, instead of from the printed one-decimal "÷ floor"."""
+    found = re.search(r"measured copy bandwidth ([0-9.]+) TB/s", text)
+    copy_bw = float(found.group(1)) * 1e12 if found else None
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -128,6 +134,9 @@ def rows_from_log(text: str) -> list[Row]:
         shape, impl, dtype, mode, method, us, host, _tbs, over, err = cells
         shape_bytes = float(_tbs) * 1e12 * float(us) * 1e-6
         floor_us = float(us) / float(over.rstrip("×"))
+        if copy_bw is not None and dtype in ("float32", "bfloat16", "float16"):
+            shape_bytes = compulsory_bytes(SHAPES[shape], dtype) * (1 if mode == "fwd" else 2)
+            floor_us = shape_bytes / copy_bw * 1e6
         errs = [float(e) for e in err.split("/")] if err != "—" else []
         rows.append(Row(shape, impl, dtype, mode, method, float(us),
                         max(errs) if errs else None, int(shape_bytes), floor_us,

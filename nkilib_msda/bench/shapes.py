@@ -50,6 +50,17 @@ def shape_name(name: str) -> str:
     """The benchmark shape called ``name`` or one of its older names (unknown names unchanged)."""
     return PRESET_ALIASES.get(name, name)
 DTYPES = ("float32", "bfloat16")
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def compulsory_bytes(shape: BenchShape, dtype_name: str) -> int:
+    """Bytes a forward must move at least: value, locations, weights (read) and the output
+    (written; the backward reads grad_output of the same size), all in ``dtype_name``. A
+    forward + backward moves twice this (the benchmark's floor)."""
+    b, q, h, c = shape.batch, shape.num_queries, shape.heads, shape.channels
+    samples = b * q * h * len(shape.levels) * shape.points
+    numel = b * shape.pixels * h * c + samples * 2 + samples + b * q * h * c
+    return numel * ELEMENT_BYTES[dtype_name]
 MODES = ("fwd", "fwd+bwd")
 
 def make_inputs(shape: BenchShape, dtype, seed: int = 0, device: str = "cuda"):

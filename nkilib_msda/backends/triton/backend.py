@@ -31,7 +31,7 @@ from nkilib_msda.backends.triton.launch import FAST_LAUNCH as _FAST_LAUNCH  # no
 from nkilib_msda.backends.triton.launch import Launcher as _Launcher
 from nkilib_msda.backends.triton.launch import raw_stream as _raw_stream
 from nkilib_msda.backends.triton.plan import (  # noqa: F401 - the planning names belong to this backend's surface
-    INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch, uses_grid_3d,
+    INT32_MAX, KernelConfig, LaunchPlan, _interpreting, needs_int64, next_pow2, plan_launch,
     uses_samples_backward, with_configs)
 from nkilib_msda.hardware import KERNEL_DTYPES
 from nkilib_msda.validation.msda import KERNEL_PADDING_MODES, MSDAProblem, dtype_name
@@ -135,24 +135,18 @@ def _static_args(problem: MSDAProblem, plan: LaunchPlan) -> dict:
         NUM_POINTS=problem.num_points, VALUE_BNLC=problem.value_layout == "BNLC",
         LOC_B2QHLP=problem.sampling_locations_layout == "B2QHLP",
         ALIGN_CORNERS=bool(problem.align_corners), BORDER=problem.padding_mode == "border",
-        INDEX64=plan.index64, BLOCK_C=plan.block_c, HEAD_SLOWEST=plan.head_slowest,
-        GRID_3D=uses_grid_3d(plan, problem))
+        INDEX64=plan.index64, BLOCK_C=plan.block_c, HEAD_SLOWEST=plan.head_slowest)
 
 
 def _grid(problem: MSDAProblem, plan: LaunchPlan, n_blocks: int) -> tuple[int, ...]:
-    """The launch grid of a kernel with ``n_blocks`` query blocks per (batch, head): flat
-    (B * N_h * n_blocks,), or (n_blocks, B, N_h) with ``uses_grid_3d``; the same program order."""
-    if uses_grid_3d(plan, problem):
-        return (n_blocks, problem.batch, problem.num_heads)
+    """The launch grid of a kernel with ``n_blocks`` query blocks per (batch, head): flat,
+    (B * N_h * n_blocks,), in the plan's program order (kernels/sampling.py)."""
     return (problem.batch * problem.num_heads * n_blocks,)
 
 
 def _launch_options(cfg: KernelConfig) -> dict:
-    """Triton launch options of a kernel config (``maxnreg`` only when set)."""
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg is not None:
-        options["maxnreg"] = cfg.maxnreg
-    return options
+    """Triton launch options of a kernel config."""
+    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _forward_launch(problem: MSDAProblem, plan: LaunchPlan):

@@ -13,11 +13,9 @@ from nkilib_msda._env import read_env
 from nkilib_msda.validation.msda import MSDAProblem
 
 __all__ = ["KernelConfig", "LaunchPlan", "plan_launch", "needs_int64", "with_configs",
-           "uses_samples_backward", "uses_grid_3d", "GRID_Y_MAX"]
+           "uses_samples_backward"]
 
 INT32_MAX = 2**31 - 1
-# CUDA's limit on the second and third grid dimensions (the batch and head axes of grid_3d).
-GRID_Y_MAX = 65535
 # The largest fp32 grad_value accumulator a call signature keeps between calls (see
 # LaunchPlan.grad_value_scratch): decoder-sized problems, whose backward is bounded by host time.
 KEPT_SCRATCH_MAX_BYTES = 64 * 2**20
@@ -38,9 +36,6 @@ class KernelConfig:
     block_q: int
     num_warps: int
     num_stages: int = 1
-    # Registers per thread that ptxas may use (Triton's ``maxnreg``), None for its own choice:
-    # a lower cap lets more programs share an SM, at the price of spills past it.
-    maxnreg: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,11 +55,6 @@ class LaunchPlan:
     backward_kernel: str = "points"  # the same choice for the fast-mode backward
     samples_backward: KernelConfig = KernelConfig(1, 2)  # tiles of the all-samples backward
     head_slowest: bool = True  # program order: all resident programs share one (head, batch)
-    # Head-slowest order from a (query blocks, batch, heads) grid instead of a flat one: the
-    # kernels read their coordinates from the program ids instead of dividing the flat id
-    # (see kernels/sampling.py, program_coordinates); used only with head_slowest and a batch
-    # within CUDA's grid limit (uses_grid_3d).
-    grid_3d: bool = False
     rows_block: int = 32  # deterministic reduce: value rows per program
     rows_warps: int = 4
 
@@ -110,11 +100,7 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     or with 8 (fp32) / 16 (16-bit) samples per program when queries have fewer samples (the
     points backward, 4 elements per thread, in deterministic mode). With
     KEEP_SCRATCH_BY_DEFAULT, 16-bit values of up to KEPT_SCRATCH_MAX_BYTES of fp32 keep their
-    grad_value accumulator between calls. Two switches not yet measured on their own on a GPU,
-    off by default, are read from the environment here (issue 31 item 3):
-    NKILIB_MSDA_TRITON_GRID=3d (``grid_3d``) and NKILIB_MSDA_TRITON_BACKWARD_MAXNREG (the
-    all-samples backward's ``maxnreg``); plans are memoized, so they are read once per problem
-    and dtype."""
+    grad_value accumulator between calls."""
     block_c = next_pow2(problem.head_dim)
     block_s = next_pow2(problem.num_levels * problem.num_points)
     sm_count = _sm_count(device_index)
@@ -141,7 +127,6 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
     samples_q = 1
     if forward_kernel == "points":
         samples_q = max(1, (8 if vector == 4 else 16) // block_s)
-    samples_maxnreg = read_env("NKILIB_MSDA_TRITON_BACKWARD_MAXNREG")
     value_elements = problem.batch * problem.total_pixels * problem.num_heads * problem.head_dim
     small = value_elements * 4 <= KEPT_SCRATCH_MAX_BYTES
     scratch = "kept" if KEEP_SCRATCH_BY_DEFAULT and vector == 8 and small else "fresh"
@@ -154,20 +139,13 @@ def plan_launch(problem: MSDAProblem, value_dtype: str, device_index: int = 0) -
         grad_value_scratch=scratch,
         forward_kernel=forward_kernel,
         backward_kernel="samples",
-        samples_backward=KernelConfig(samples_q, samples_warps, maxnreg=samples_maxnreg),
-        grid_3d=read_env("NKILIB_MSDA_TRITON_GRID") == "3d",
+        samples_backward=KernelConfig(samples_q, samples_warps),
     )
 
 
 def with_configs(plan: LaunchPlan, **changes) -> LaunchPlan:
     """A copy of ``plan`` with some fields replaced (benchmark sweeps)."""
     return replace(plan, **changes)
-
-
-def uses_grid_3d(plan: LaunchPlan, problem: MSDAProblem) -> bool:
-    """Whether the kernels of ``plan`` run on a (query blocks, batch, heads) grid."""
-    return (plan.grid_3d and plan.head_slowest and problem.batch <= GRID_Y_MAX
-            and problem.num_heads <= GRID_Y_MAX)
 
 
 def uses_samples_backward(plan: LaunchPlan, deterministic: bool) -> bool:

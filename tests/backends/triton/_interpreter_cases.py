@@ -144,20 +144,19 @@ def case_points_backward_fast_mode():
     return _backward_kernel_cases("points")
 
 
-def case_grid_3d():
-    """The (query blocks, batch, heads) grid (NKILIB_MSDA_TRITON_GRID=3d; the all-samples
-    backward with a register cap, which only the compiler reads): the all-samples and points
-    backwards over the configurations above, then both forwards and the deterministic backward
-    with three batches, tail query blocks and forced 64-bit offsets."""
-    grid = dict(grid_3d=True, samples_backward=tb.KernelConfig(4, 4, maxnreg=48))
-    worst, ok = _backward_kernel_cases("samples", grid)
-    points_worst, points_ok = _backward_kernel_cases("points", dict(grid_3d=True))
+def case_multi_query_programs():
+    """The all-samples backward with 4 queries per program and the points backward over the
+    configurations above, then both forwards and the deterministic backward with three
+    batches, tail query blocks and forced 64-bit offsets (once the cases of the removed
+    (query blocks, batch, heads) grid switch)."""
+    worst, ok = _backward_kernel_cases("samples", dict(samples_backward=tb.KernelConfig(4, 4)))
+    points_worst, points_ok = _backward_kernel_cases("points")
     worst = [max(w, e) for w, e in zip(worst, points_worst)]
     v, l, a, g = make(25, batch=3, queries=13, value_layout="BNLC", loc_layout="B2QHLP")
     for changes, deterministic in ((dict(_blocks(4, 4, 2), forward_kernel="samples"), False),
                                    (dict(_blocks(8, 4), index64=True), True)):
         errors, shapes_ok, _ = compare(v, l, a, g, SHAPES, opts("BNLC", "B2QHLP"),
-                                       dict(changes, grid_3d=True), deterministic=deterministic)
+                                       changes, deterministic=deterministic)
         worst = [max(w, e) for w, e in zip(worst, errors)]
         ok = ok and shapes_ok
     return worst, ok and points_ok

@@ -34,7 +34,7 @@ CASE_NAMES = [
     "compute_subsets",
     "samples_backward",
     "points_backward_fast_mode",
-    "grid_3d",
+    "multi_query_programs",
     "nonfinite_coordinates",
     "nonfinite_values_outside_map",
     "edge_numerics",

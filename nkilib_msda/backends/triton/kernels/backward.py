@@ -97,7 +97,7 @@ def msda_backward_kernel(
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     COMPUTE_VALUE: tl.constexpr, COMPUTE_LOC: tl.constexpr, COMPUTE_ATTN: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, HEAD_SLOWEST: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Shapes as the forward; grad_value in value's layout, grad_loc in loc's layout,
@@ -106,7 +106,7 @@ def msda_backward_kernel(
     NEED_DOTS: tl.constexpr = COMPUTE_LOC or COMPUTE_ATTN
     batch, head, row, q_mask, ch, c_mask = query_block(
         num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
-        GRID_3D, BLOCK_Q, BLOCK_C)
+        BLOCK_Q, BLOCK_C)
 
     sample = row * LP
     if LOC_B2QHLP:
@@ -221,7 +221,7 @@ def msda_backward_samples_kernel(
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
     COMPUTE_VALUE: tl.constexpr, COMPUTE_LOC: tl.constexpr, COMPUTE_ATTN: tl.constexpr,
-    HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Fast-mode backward with all N_l*N_p samples of the query block at once: locations and
@@ -233,7 +233,7 @@ def msda_backward_samples_kernel(
     (batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, loc_x, loc_y,
      u, v, a) = sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries,
                              num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, NUM_LEVELS,
-                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, GRID_3D, BLOCK_Q, BLOCK_C,
+                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, BLOCK_Q, BLOCK_C,
                              BLOCK_S)
     store_mask = q_mask[:, None] & s_mask[None, :]
     a = tl.where(store_mask, a, 0.0)  # tail queries and padded samples contribute nothing

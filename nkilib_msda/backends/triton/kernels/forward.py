@@ -20,7 +20,7 @@ def msda_forward_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_LEVELS: tl.constexpr,
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
-    HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     """value (B,L,N_h,C_h)|(B,N_h,L,C_h); loc (B,N_q,N_h,N_l,N_p,2)|(B,2,N_q,N_h,N_l,N_p);
@@ -28,7 +28,7 @@ def msda_forward_kernel(
     LP: tl.constexpr = NUM_LEVELS * NUM_POINTS
     batch, head, row, q_mask, ch, c_mask = query_block(
         num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
-        GRID_3D, BLOCK_Q, BLOCK_C)
+        BLOCK_Q, BLOCK_C)
 
     sample = row * LP  # flat (b, q, h, l=0, p=0) sample index
     if LOC_B2QHLP:
@@ -69,7 +69,7 @@ def msda_forward_samples_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_LEVELS: tl.constexpr,
     NUM_POINTS: tl.constexpr, VALUE_BNLC: tl.constexpr, LOC_B2QHLP: tl.constexpr,
     ALIGN_CORNERS: tl.constexpr, BORDER: tl.constexpr, INDEX64: tl.constexpr,
-    HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HEAD_SLOWEST: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Same contract as ``msda_forward_kernel``, but all N_l*N_p samples of the query block are
@@ -78,7 +78,7 @@ def msda_forward_samples_kernel(
     (batch, head, row, q_mask, ch, c_mask, s_mask, height, width, start, sample, _loc_x, _loc_y,
      u, v, a) = sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries,
                              num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, NUM_LEVELS,
-                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, GRID_3D, BLOCK_Q, BLOCK_C,
+                             NUM_POINTS, LOC_B2QHLP, INDEX64, HEAD_SLOWEST, BLOCK_Q, BLOCK_C,
                              BLOCK_S)
     a = tl.where(s_mask[None, :], a, 0.0)  # padded samples: weight 0
     value_base = value_ptr + value_row_base(batch, head, total_pixels, NUM_HEADS,

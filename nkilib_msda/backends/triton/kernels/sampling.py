@@ -138,40 +138,27 @@ def load_corners(value_base, rows, masks, chan, c_mask, ROW_STRIDE: tl.constexpr
 
 @triton.jit
 def program_coordinates(num_query_blocks, batch_size, NUM_HEADS: tl.constexpr,
-                        INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr,
-                        GRID_3D: tl.constexpr):
+                        INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr):
     """(head, batch, query block) of this program (int64 when INDEX64).
 
     HEAD_SLOWEST: consecutive programs (those resident together) share one (head, batch), so
     each SM's L1 holds a single head's value slice (the small levels then hit in L1).
-    Otherwise heads vary fastest. GRID_3D (head-slowest only): the grid is (query blocks,
-    batch, heads), which CUDA dispatches in the same order as the flat head-slowest grid, and
-    the coordinates are the program ids themselves, without the flat grid's two runtime integer
-    divisions (about 65 of the ~600 SASS instructions of a one-query backward program).
+    Otherwise heads vary fastest. (A (query blocks, batch, heads) grid, which saves the two
+    integer divisions, was measured within noise on an H200 and removed: docs/triton.md.)
     """
-    if GRID_3D:
-        tl.static_assert(HEAD_SLOWEST, "GRID_3D needs the head-slowest program order")
-        q_block = tl.program_id(0)
-        batch = tl.program_id(1)
-        head = tl.program_id(2)
-        if INDEX64:
-            q_block = q_block.to(tl.int64)
-            batch = batch.to(tl.int64)
-            head = head.to(tl.int64)
+    pid = tl.program_id(0)
+    if INDEX64:
+        pid = pid.to(tl.int64)
+    if HEAD_SLOWEST:
+        q_block = pid % num_query_blocks
+        rest = pid // num_query_blocks
+        batch = rest % batch_size
+        head = rest // batch_size
     else:
-        pid = tl.program_id(0)
-        if INDEX64:
-            pid = pid.to(tl.int64)
-        if HEAD_SLOWEST:
-            q_block = pid % num_query_blocks
-            rest = pid // num_query_blocks
-            batch = rest % batch_size
-            head = rest // batch_size
-        else:
-            head = pid % NUM_HEADS
-            rest = pid // NUM_HEADS
-            q_block = rest % num_query_blocks
-            batch = rest // num_query_blocks
+        head = pid % NUM_HEADS
+        rest = pid // NUM_HEADS
+        q_block = rest % num_query_blocks
+        batch = rest // num_query_blocks
     return head, batch, q_block
 
 
@@ -187,7 +174,7 @@ def level_geometry(shapes_ptr, starts_ptr, level):
 @triton.jit
 def query_block(num_queries, num_query_blocks, batch_size, NUM_HEADS: tl.constexpr,
                 HEAD_DIM: tl.constexpr, INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr,
-                GRID_3D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
+                BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
     """This program's BLOCK_Q consecutive queries of one (batch, head).
 
     Returns (batch, head, row, q_mask, ch, c_mask): row (BLOCK_Q,) the queries' (b, q, h) rows
@@ -195,7 +182,7 @@ def query_block(num_queries, num_query_blocks, batch_size, NUM_HEADS: tl.constex
     q_mask), ch and c_mask the channel offsets and mask (BLOCK_C,). int64 when INDEX64.
     """
     head, batch, q_block = program_coordinates(num_query_blocks, batch_size, NUM_HEADS, INDEX64,
-                                               HEAD_SLOWEST, GRID_3D)
+                                               HEAD_SLOWEST)
     q = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q_mask = q < num_queries
     q = tl.minimum(q, num_queries - 1)
@@ -239,7 +226,7 @@ def sample_tiles(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_quer
 def sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries, num_query_blocks,
                  batch_size, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                  NUM_LEVELS: tl.constexpr, NUM_POINTS: tl.constexpr, LOC_B2QHLP: tl.constexpr,
-                 INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr, GRID_3D: tl.constexpr,
+                 INDEX64: tl.constexpr, HEAD_SLOWEST: tl.constexpr,
                  BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     """The prologue of the samples kernels: this program's query block (:func:`query_block`)
     and all its samples as (BLOCK_Q, BLOCK_S) tiles (:func:`sample_tiles`).
@@ -249,7 +236,7 @@ def sample_block(loc_ptr, attn_ptr, shapes_ptr, starts_ptr, num_queries, num_que
     """
     batch, head, row, q_mask, ch, c_mask = query_block(
         num_queries, num_query_blocks, batch_size, NUM_HEADS, HEAD_DIM, INDEX64, HEAD_SLOWEST,
-        GRID_3D, BLOCK_Q, BLOCK_C)
+        BLOCK_Q, BLOCK_C)
     s_mask, height, width, start, sample, loc_x, loc_y, u, v, a = sample_tiles(
         loc_ptr, attn_ptr, shapes_ptr, starts_ptr, row, batch, num_queries, NUM_HEADS,
         NUM_LEVELS, NUM_POINTS, LOC_B2QHLP, BLOCK_S)
