@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import re
 
 from nkilib_msda.bench.shapes import SHAPES, compulsory_bytes, shape_name
+from nkilib_msda.hardware import KERNEL_DTYPES
 
 
 @dataclass
@@ -134,7 +135,7 @@ def rows_from_log(text: str) -> list[Row]:
         shape, impl, dtype, mode, method, us, host, _tbs, over, err = cells
         shape_bytes = float(_tbs) * 1e12 * float(us) * 1e-6
         floor_us = float(us) / float(over.rstrip("×"))
-        if copy_bw is not None and dtype in ("float32", "bfloat16", "float16"):
+        if copy_bw is not None and dtype in KERNEL_DTYPES:
             shape_bytes = compulsory_bytes(SHAPES[shape], dtype) * (1 if mode == "fwd" else 2)
             floor_us = shape_bytes / copy_bw * 1e6
         errs = [float(e) for e in err.split("/")] if err != "—" else []

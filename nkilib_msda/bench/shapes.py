@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from nkilib_msda.hardware import DTYPE_BYTES
 from nkilib_msda.workloads import PRESET_ALIASES, PRESETS, MSDACase, make_torch_inputs
 
 
@@ -50,7 +51,6 @@ def shape_name(name: str) -> str:
     """The benchmark shape called ``name`` or one of its older names (unknown names unchanged)."""
     return PRESET_ALIASES.get(name, name)
 DTYPES = ("float32", "bfloat16")
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def compulsory_bytes(shape: BenchShape, dtype_name: str) -> int:
@@ -60,7 +60,7 @@ def compulsory_bytes(shape: BenchShape, dtype_name: str) -> int:
     b, q, h, c = shape.batch, shape.num_queries, shape.heads, shape.channels
     samples = b * q * h * len(shape.levels) * shape.points
     numel = b * shape.pixels * h * c + samples * 2 + samples + b * q * h * c
-    return numel * ELEMENT_BYTES[dtype_name]
+    return numel * DTYPE_BYTES[dtype_name]
 MODES = ("fwd", "fwd+bwd")
 
 def make_inputs(shape: BenchShape, dtype, seed: int = 0, device: str = "cuda"):
