@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 __all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
            "RENAMED_FROM", "read_env", "validate_environment", "env_table_markdown", "match_word",
            "env_flag", "check_package_variables",
-           "env_choice", "check_optional_bool"]
+           "env_choice", "check_optional_bool", "environment_snapshot"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -236,23 +236,41 @@ _OWN_NAMES = tuple(n for v in ENV_VARS.values() if not v.owner
 _checked_snapshot: list[tuple[Any, ...] | None] = [None]
 
 
-def _own_snapshot() -> tuple[Any, ...]:
-    """The raw values of the package's own variables (None when unset), as cheaply as
-    possible: this runs on every read, i.e. twice per eager MSDA call. CPython's
+# Every variable of the table (and the old names): what :func:`environment_snapshot` reads.
+_ALL_NAMES = tuple(n for v in ENV_VARS.values()
+                   for n in (v.name, *([RENAMED_FROM[v.name]] if v.name in RENAMED_FROM else [])))
+
+
+def _snapshot(names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The raw values of ``names`` (None when unset), as cheaply as possible. CPython's
     ``os.environ`` keeps its items in ``_data`` under ``encodekey(name)`` (POSIX and Windows,
     every supported version), which one ``map`` reads in under a microsecond, against ~15 µs
     for nine ``os.environ.get`` calls; any other mapping is read through ``get``."""
     environ = os.environ
     data, encode = getattr(environ, "_data", None), getattr(environ, "encodekey", None)
     if type(data) is not dict or encode is None:
-        return tuple(environ.get(n) for n in _OWN_NAMES)
-    keys = _ENCODED_NAMES.get(encode)
+        return tuple(environ.get(n) for n in names)
+    keys = _ENCODED_NAMES.get((encode, names))
     if keys is None:
-        keys = _ENCODED_NAMES[encode] = tuple(encode(n) for n in _OWN_NAMES)
+        keys = _ENCODED_NAMES[(encode, names)] = tuple(encode(n) for n in names)
     return tuple(map(data.get, keys))
 
 
-_ENCODED_NAMES: dict[Any, tuple[Any, ...]] = {}  # encodekey -> the own names, encoded
+def _own_snapshot() -> tuple[Any, ...]:
+    """The raw values of the package's own variables (None when unset): this runs on every
+    read (:func:`check_package_variables`)."""
+    return _snapshot(_OWN_NAMES)
+
+
+def environment_snapshot() -> tuple[Any, ...]:
+    """The raw values (None when unset) of every variable in :data:`ENV_VARS` and of the old
+    names: a memo that caches anything derived from the environment keys on it, so a changed
+    variable (a new backend, a bad value that must raise) is a miss and is read again."""
+    return _snapshot(_ALL_NAMES)
+
+
+# (encodekey, names) -> the names, encoded
+_ENCODED_NAMES: dict[tuple[Any, tuple[str, ...]], tuple[Any, ...]] = {}
 
 
 def check_package_variables() -> None:

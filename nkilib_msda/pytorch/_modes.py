@@ -12,7 +12,7 @@ from typing import ContextManager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["can_skip_dispatcher", "in_functorch_transform", "profiler_range", "autocast_disabled",
+__all__ = ["can_skip_dispatcher", "plain_eager_now", "in_functorch_transform", "profiler_range", "autocast_disabled",
            "values_unreadable", "FAST_PATH_DEVICES"]
 
 # Device types whose eager calls may skip the dispatcher; any other (TorchNeuron's
@@ -23,6 +23,17 @@ _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 _C = torch._C
 
 
+def plain_eager_now() -> bool:
+    """Nothing but plain eager execution can observe a call made now: no torch.compile /
+    export tracing, no ``torch.jit.trace``, no TorchDispatchMode or TorchFunctionMode, no
+    functorch transform (the tensors' own checks are :func:`can_skip_dispatcher`'s)."""
+    if torch.compiler.is_compiling():  # first: dynamo folds it (the others would break)
+        return False
+    return not (_C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
+                or _C._get_tracing_state() is not None
+                or _C._functorch.peek_interpreter_stack() is not None)
+
+
 def can_skip_dispatcher(*tensors: Tensor) -> bool:
     """Whether calling the operator bodies directly is indistinguishable from the operators.
 
@@ -30,11 +41,7 @@ def can_skip_dispatcher(*tensors: Tensor) -> bool:
     TorchDispatchMode or TorchFunctionMode, inside functorch transforms, for tensor subclasses
     and for meta tensors (those go through the operators' fake kernels).
     """
-    if torch.compiler.is_compiling() or _C._get_tracing_state() is not None:
-        return False
-    if _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled():
-        return False
-    if in_functorch_transform():
+    if not plain_eager_now():
         return False
     for t in tensors:
         if type(t) not in _PLAIN_TENSOR_TYPES or t.is_meta:
@@ -60,11 +67,15 @@ def in_functorch_transform() -> bool:
     return _C._functorch.peek_interpreter_stack() is not None
 
 
+# contextlib.nullcontext is reusable and reentrant: one instance serves every call.
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 def profiler_range(name: str) -> ContextManager:
     """A profiler range called ``name`` while a profiler runs (what the operator would show)."""
     if _C._autograd._profiler_enabled():
         return torch.autograd.profiler.record_function(name)
-    return contextlib.nullcontext()
+    return _NO_CONTEXT
 
 
 def autocast_disabled(device_type: str) -> ContextManager:
@@ -74,7 +85,7 @@ def autocast_disabled(device_type: str) -> ContextManager:
     try:
         enabled = torch.is_autocast_enabled(device_type)
     except RuntimeError:  # a device type without autocast support
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
     if not enabled:
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
     return torch.autocast(device_type=device_type, enabled=False)

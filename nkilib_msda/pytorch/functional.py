@@ -4,7 +4,7 @@ Each call takes one route, the first row of :data:`ROUTES` whose condition holds
 
 | route | when | what runs |
 | --- | --- | --- |
-| ``eager`` | plain eager mode, CPU/CUDA tensors | the call bound here (:func:`.call.bind_msda_call`), directly (:mod:`.eager`): ~100 µs of host time less than the dispatcher |
+| ``eager`` | plain eager mode, CPU/CUDA tensors | the call bound here (:func:`.call.bind_msda_call`), directly (:mod:`.eager`): ~100 µs of host time less than the dispatcher; a repeated call with tuple shapes takes the call remembered for it (:func:`.eager.run_remembered`) |
 | ``torch.func`` | inside a ``torch.func`` transform | the int-list operators in ``setup_context`` Functions (:mod:`.func_transforms`) |
 | ``op with tensor shapes`` | a shapes tensor whose values cannot be read now (tracing, fake tensors) or live on a device | ``ms_deformable_attention_tensor_shapes`` (:mod:`.tensor_shapes_ops`): the graph neither breaks nor bakes the values in, and a CUDA shapes tensor is never read on the host |
 | ``op`` | anything else (modes, subclasses, meta tensors, TorchNeuron's ``neuron`` device) | ``ms_deformable_attention`` with the checked arguments (:func:`.call.msda_operator_args`) |
@@ -24,9 +24,11 @@ from torch import Tensor
 
 from nkilib_msda.backends import BACKEND_NAMES, BackendUnavailableError, get_backend
 from nkilib_msda.pytorch import ops  # noqa: F401 - registers the operators
-from nkilib_msda.pytorch._modes import FAST_PATH_DEVICES, in_functorch_transform, values_unreadable
+from nkilib_msda.pytorch._modes import (FAST_PATH_DEVICES, in_functorch_transform,
+                                        plain_eager_now, values_unreadable)
 from nkilib_msda.pytorch.call import bind_msda_call, msda_operator_args, needs_input_grad
-from nkilib_msda.pytorch.eager import can_skip_dispatcher, msda_forward_eager
+from nkilib_msda.pytorch.eager import (can_skip_dispatcher, msda_forward_eager,
+                                      remember_eager_call, run_remembered)
 from nkilib_msda.pytorch.func_transforms import msda_under_transform
 from nkilib_msda.pytorch.point_counts import level_count, pad_point_counts
 from nkilib_msda.pytorch.tensor_shapes_ops import shapes_on_device, tensor_shapes_operator_args
@@ -88,6 +90,12 @@ def multi_scale_deformable_attention(
         sampling_locations, attention_weights = pad_point_counts(
             sampling_locations, attention_weights, num_points, level_count(spatial_shapes),
             sampling_locations_layout)
+    elif plain_eager_now():  # a call remembered on the eager route (.eager): no binding
+        out = run_remembered(value, spatial_shapes, level_start_index, sampling_locations,
+                             attention_weights, value_layout, sampling_locations_layout,
+                             align_corners, padding_mode, backend, deterministic)
+        if out is not None:
+            return out
     args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             value_layout, sampling_locations_layout, align_corners, padding_mode, backend,
             deterministic)
@@ -113,6 +121,7 @@ def _run_eager(args: tuple) -> Tensor:
     value, sampling_locations, attention_weights = args[0], args[3], args[4]
     call = bind_msda_call(*args, needs_backward=needs_input_grad(value, sampling_locations,
                                                                  attention_weights))
+    remember_eager_call(call, args)
     return msda_forward_eager(call, value, sampling_locations, attention_weights)
 
 

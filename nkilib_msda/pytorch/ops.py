@@ -191,7 +191,8 @@ def input_gradients(call: MsdaCall | None, grad_output: Tensor, value: Tensor,
         grads = family.backward_op(grad_output, value, shapes, starts, sampling_locations,
                                    attention_weights, *layouts_and_backend, list(compute),
                                    deterministic, num_points)
-    return tuple(g if flag else None for g, flag in zip(grads, compute))  # type: ignore[return-value]
+    return (grads[0] if compute[0] else None, grads[1] if compute[1] else None,
+            grads[2] if compute[2] else None)
 
 
 # ------------------------------------------------------------- one registration per family
@@ -326,8 +327,8 @@ class MSDAFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_output: Tensor) -> tuple:
         call: MsdaCall = ctx.msda_call
         value, sampling_locations, attention_weights = ctx.saved_tensors
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         return (*input_gradients(call, grad_output, value, sampling_locations, attention_weights,
-                                 needs, lambda: (family_of(call), *call.op_args(),
-                                                 call.op_backend, call.deterministic, None)),
+                                 ctx.needs_input_grad[:3], lambda: (
+                                     family_of(call), *call.op_args(), call.op_backend,
+                                     call.deterministic, None)),
                 None)

@@ -34,7 +34,7 @@ from torch import Tensor
 from nkilib_msda.validation.layouts import LOCATION_LAYOUTS, level_starts, location_axis
 from nkilib_msda.validation.msda import MSDAProblem, normalize_spatial_shapes, validate_msda_args
 
-__all__ = ["validated_problem", "memoized", "tensor_facts", "spatial_shapes_tuple",
+__all__ = ["validated_problem", "memoized", "cached", "store", "tensor_facts", "spatial_shapes_tuple",
            "clear_problem_cache", "check_readable", "check_static", "MAX_CACHED_PROBLEMS"]
 
 MAX_CACHED_PROBLEMS = 256
@@ -154,6 +154,19 @@ def _problem_key(value: Any, spatial_shapes: Any, level_start_index: Any,
     return (shapes, starts, value.shape, value.dtype, sampling_locations.shape,
             sampling_locations.dtype, attention_weights.shape, attention_weights.dtype,
             value_layout, sampling_locations_layout, align_corners, padding_mode, grad_key)
+
+
+def cached(key: tuple) -> Any:
+    """The entry stored under ``key`` (:func:`store`), None when there is none."""
+    return _PROBLEMS.get(key)
+
+
+def store(key: tuple, entry: Any) -> None:
+    """Keep ``entry`` under ``key`` in the memo (cleared when full, and by
+    :func:`clear_problem_cache`): the eager fast path's bound calls (:mod:`.eager`)."""
+    if len(_PROBLEMS) >= MAX_CACHED_PROBLEMS:
+        _PROBLEMS.clear()
+    _PROBLEMS[key] = entry
 
 
 def memoized(key: tuple | None, validate: Callable[[], P]) -> P:
