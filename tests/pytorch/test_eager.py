@@ -204,3 +204,106 @@ def test_eager_forward_backward_selects_the_backend_once_and_skips_revalidation(
                                ref, inputs.grad_output)
     for got, expected in zip(grads, want):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the bound-call memo
+
+
+def _fwd_bwd(inputs, shapes=SHAPES, **options):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors()]
+    out = MSDA(leaves[0], shapes, None, leaves[1], leaves[2], **options)
+    return out, torch.autograd.grad(out, leaves, inputs.grad_output)
+
+
+def _operator_result(inputs):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors()]
+    out = FWD(leaves[0], [4, 6, 3, 2, 1, 1], [0, 24, 30], leaves[1], leaves[2], "BLNC",
+              "BQHLP2", False, "zeros", "reference", None)
+    return out, torch.autograd.grad(out, leaves, inputs.grad_output)
+
+
+def test_remembered_call_binds_once_and_gives_the_operators_results(msda_counts):
+    """Repeated calls with the same shapes tuple skip binding; the results are bitwise the
+    operators'. An equal tuple that is another object binds again (from the validation memo)."""
+    inputs = make_inputs(seed=24)
+    want_out, want_grads = _operator_result(inputs)
+    msda_counts.update(select=0, validate=0)
+    for _ in range(3):
+        out, grads = _fwd_bwd(inputs)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+        for got, want in zip(grads, want_grads):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert msda_counts == {"select": 1, "validate": 0}
+    _fwd_bwd(inputs, tuple(tuple(p) for p in SHAPES))
+    assert msda_counts == {"select": 2, "validate": 0}
+
+
+def test_remembered_call_follows_the_environment_on_the_next_call(monkeypatch):
+    """NKILIB_MSDA_BACKEND and a bad value of any package variable take effect on the very
+    next call, however often the call was remembered before."""
+    clear_problem_cache()
+    monkeypatch.delenv("NKILIB_MSDA_BACKEND", raising=False)
+    inputs = make_inputs(seed=25)
+    want_out, _ = _fwd_bwd(inputs)
+    _fwd_bwd(inputs)
+    monkeypatch.setenv("NKILIB_MSDA_BACKEND", "nki")  # cannot run float64: must raise now
+    with pytest.raises(ValueError, match="NKILIB_MSDA_BACKEND"):
+        _fwd_bwd(inputs)
+    monkeypatch.delenv("NKILIB_MSDA_BACKEND")
+    out, _ = _fwd_bwd(inputs)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    monkeypatch.setenv("NKILIB_MSDA_DETERMINISTIC", "maybe")
+    with pytest.raises(ValueError, match="NKILIB_MSDA_DETERMINISTIC"):
+        _fwd_bwd(inputs)
+
+
+@pytest.mark.parametrize("label,change", [
+    ("align_corners 0", dict(align_corners=0)),
+    ("deterministic 0", dict(deterministic=0)),
+    ("backend 1", dict(backend=1)),
+    ("starts as floats", dict(level_start_index=(0, 24.0, 30))),
+    ("wrong starts", dict(level_start_index=(0, 24, 29))),
+    ("padding", dict(padding_mode="wrap")),
+    ("value on meta", dict(value=torch.empty(2, 31, 2, 4, dtype=torch.float64, device="meta"))),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_remembered_call_still_rejects_lookalikes(label, change):
+    """After a call was remembered (twice), an argument equal to it by value but not by type,
+    or differing in one fact (a meta value: another device), gets the binding's own error."""
+    clear_problem_cache()
+    inputs = make_inputs(seed=26)
+    args = dict(value=inputs.value, spatial_shapes=SHAPES, level_start_index=(0, 24, 30),
+                sampling_locations=inputs.sampling_locations,
+                attention_weights=inputs.attention_weights, align_corners=False,
+                deterministic=False)
+    for _ in range(2):
+        MSDA(**args)
+    with pytest.raises((TypeError, ValueError)):
+        MSDA(**dict(args, **change))
+
+
+def test_shapes_list_changed_in_place_is_read_again():
+    """Only deeply immutable shapes (tuples of int tuples) are remembered by identity."""
+    clear_problem_cache()
+    inputs = make_inputs(seed=27)
+    shapes = [list(p) for p in SHAPES]
+    for _ in range(2):
+        MSDA(inputs.value, shapes, None, inputs.sampling_locations, inputs.attention_weights)
+    shapes[0][0] = 5
+    with pytest.raises(ValueError, match="value: expected L = sum"):
+        MSDA(inputs.value, shapes, None, inputs.sampling_locations, inputs.attention_weights)
+
+
+def test_remembered_no_grad_call_is_not_reused_with_grad():
+    """Whether autograd records the call is part of the key: a call first made under no_grad
+    then with gradients gets its autograd node and the operators' gradients."""
+    clear_problem_cache()
+    inputs = make_inputs(seed=28)
+    with torch.no_grad():
+        for _ in range(2):
+            assert MSDA(inputs.value, SHAPES, None, inputs.sampling_locations,
+                        inputs.attention_weights).grad_fn is None
+    out, grads = _fwd_bwd(inputs)
+    want_out, want_grads = _operator_result(inputs)
+    assert out.grad_fn is not None
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
