@@ -250,10 +250,10 @@ def _snapshot(names: tuple[str, ...]) -> tuple[Any, ...]:
     data, encode = getattr(environ, "_data", None), getattr(environ, "encodekey", None)
     if type(data) is not dict or encode is None:
         return tuple(environ.get(n) for n in names)
-    keys = _ENCODED_NAMES.get((encode, names))
-    if keys is None:
-        keys = _ENCODED_NAMES[(encode, names)] = tuple(encode(n) for n in names)
-    return tuple(map(data.get, keys))
+    known = _ENCODED_NAMES.get(id(names))  # names: a module constant, so its id is stable
+    if known is None or known[0] is not encode:
+        known = _ENCODED_NAMES[id(names)] = (encode, tuple(encode(n) for n in names))
+    return tuple(map(data.get, known[1]))
 
 
 def _own_snapshot() -> tuple[Any, ...]:
@@ -269,8 +269,9 @@ def environment_snapshot() -> tuple[Any, ...]:
     return _snapshot(_ALL_NAMES)
 
 
-# (encodekey, names) -> the names, encoded
-_ENCODED_NAMES: dict[tuple[Any, tuple[str, ...]], tuple[Any, ...]] = {}
+# id(names) -> (the encodekey used, the names encoded with it); hashing the names tuple itself
+# on every call would cost more than the reads
+_ENCODED_NAMES: dict[int, tuple[Any, tuple[Any, ...]]] = {}
 
 
 def check_package_variables() -> None:
