@@ -25,6 +25,10 @@ class GradValueScatter:
         self.core, self.buffer_sets = core, buffer_sets
         self.live = live  # backward_live_rows.LiveRows: 128-partition scatters
         self.dma_count = 0
+        # per-block scatter data, taken in turn: the Vector engine writes block i + 1's while
+        # the scatter DMAs of block i still read theirs (plan: scatter_work_bufs)
+        self.work_ring = [tiles.work] + list(tiles.swork or [])
+        self.block_count = 0
         self.fold = FoldedScatter(cfg, tiles, live, live.oob["fold"]) if cfg.scatter_fold > 1 else None
 
     def terms(self, n: int, f: int):
@@ -77,7 +81,9 @@ class GradValueScatter:
         cfg, p, t = self.cfg, self.p, self.t
         cols = cfg.columns_per_block
         for blk in range(blocks):
-            work = t.work[0:n, :, 0:width]
+            work_tile = self.work_ring[self.block_count % len(self.work_ring)]
+            self.block_count += 1
+            work = work_tile[0:n, :, 0:width]
             points = slice(blk * p.num_points, (blk + 1) * p.num_points)
             cb = coef[:, points, :]
             work4 = work.reshape_dim(1, (p.num_points, 4)) if self.fold == None else self.fold.work_view(n, width)  # noqa: E711
@@ -98,7 +104,7 @@ class GradValueScatter:
             for ci, _ in enumerate(self.live.chunks("scatter", n)):
                 idx, oob = self.live.index("scatter", block_idx, n, ci)
                 for k in range(per_block):
-                    self._one(b, idx[:, k:k + 1], t.work[0:PARTITIONS, slots * k:slots * (k + 1), 0:width],
+                    self._one(b, idx[:, k:k + 1], work_tile[0:PARTITIONS, slots * k:slots * (k + 1), 0:width],
                               cfg.scatter_pairs, c0, width, oob)
 
     def _one(self, b, index_col, data, pair, c0, width, oob) -> None:

@@ -72,6 +72,7 @@ class BackwardTiles:
     sidx_live: Any = None      # (2, 4 N_p) int32: a chunk's masked scatter index columns
     coef: Any = None
     red_alt: Any = None        # fp32 ping-pong partner of red (more than 16 buffers to sum)
+    swork: Any = None          # list of (4 N_p, C_t) fp32 tiles: scatter data after ``work``, in turn
     # folded scatter (backward_scatter_fold; None unless cfg.scatter_fold > 1)
     fold_pad: Any = None       # (4f,) fp32: out-of-range row where a corner is outside the map
     fidx: Any = None           # (4f,) int32: permuted index columns (slice, sample, group)
@@ -88,7 +89,7 @@ class BackwardTiles:
 _FIELDS = frozenset(f.name for f in fields(BackwardTiles))
 # Tiles listed as (copies, ...) in the plan and allocated as that many separate tiles (the
 # kernel uses them in turn; separate allocations keep their accesses independent).
-_ROTATED = frozenset({"transposed", "fwork"})
+_ROTATED = frozenset({"transposed", "fwork", "swork"})
 
 
 def allocate_tiles(cfg: Any, value_dtype: Any) -> BackwardTiles:

@@ -86,7 +86,7 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
                pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1, fold: int = 1,
-               corner_blocks: bool = False) -> SbufTiles:
+               corner_blocks: bool = False, scatter_work_copies: int = 0) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
@@ -100,6 +100,9 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     copies of the permuted scatter data.
     ``corner_blocks`` (corner-block gathers, ``backward_corner_blocks``): two more per-partition
     constants (the cell-row terms) and transposed tiles of ``4 * C_h`` channels per index.
+    ``scatter_work_copies``: per-block scatter data tiles besides ``work`` (``swork``; the
+    unfolded scatter takes ``work`` and these in turn, so the Vector engine writes the next
+    block's data while the scatters of the previous block still read theirs).
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
@@ -162,6 +165,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         if fold > 1:
             tiles += [("fold_pad", (f * 4,), "float32"), ("fidx", (f * 4,), "int32"),
                       ("fwork", (2, cols, c_h), "float32")]
+        elif scatter_work_copies > 0:
+            tiles.append(("swork", (scatter_work_copies, cols, c_h), "float32"))
     tiles += [
         ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
         ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),
