@@ -26,8 +26,9 @@ class GradValueScatter:
         self.live = live  # backward_live_rows.LiveRows: 128-partition scatters
         self.dma_count = 0
         # per-block scatter data, taken in turn: the Vector engine writes block i + 1's while
-        # the scatter DMAs of block i still read theirs (plan: scatter_work_bufs)
-        self.work_ring = [tiles.work] + list(tiles.swork or [])
+        # the scatter DMAs of block i still read theirs (plan: scatter_work_bufs); pipelined
+        # super-tiles keep ``work`` for the next super-tile's dot products
+        self.work_ring = ([] if cfg.pipelined else [tiles.work]) + list(tiles.swork or [])
         self.block_count = 0
         self.fold = FoldedScatter(cfg, tiles, live, live.oob["fold"]) if cfg.scatter_fold > 1 else None
 
@@ -76,9 +77,13 @@ class GradValueScatter:
             bits = t.vbits[0:n, 0:f, :]
         return coef, bits
 
-    def tile(self, b: int, n: int, blocks: int, c0: int, width: int, coef, bits) -> None:
-        """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers."""
+    def tile(self, b: int, n: int, blocks: int, c0: int, width: int, coef, bits, grad=None, sidx=None) -> None:
+        """Scatter-add coef * grad over channels [c0, c0 + width) of every block into the buffers
+        (``grad`` / ``sidx``: the super-tile's grad_output rows and index tile, default the
+        tiles' current ones)."""
         cfg, p, t = self.cfg, self.p, self.t
+        grad = t.grad if grad == None else grad  # noqa: E711
+        sidx = t.sidx if sidx == None else sidx  # noqa: E711
         cols = cfg.columns_per_block
         for blk in range(blocks):
             work_tile = self.work_ring[self.block_count % len(self.work_ring)]
@@ -89,7 +94,7 @@ class GradValueScatter:
             work4 = work.reshape_dim(1, (p.num_points, 4)) if self.fold == None else self.fold.work_view(n, width)  # noqa: E711
             nisa.tensor_tensor(dst=work4,
                                data1=cb.expand_dim(3).broadcast(3, width),
-                               data2=t.grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
+                               data2=grad[0:n, blk:blk + 1, 0:width].broadcast(1, p.num_points)
                                .expand_dim(2).broadcast(2, 4),
                                op=nl.multiply)
             # rows of invalid corners (and unused pair slots) get +0.0, even for inf grad_output
@@ -100,7 +105,7 @@ class GradValueScatter:
                 continue
             per_block = cols // 2 if cfg.scatter_pairs else cols
             slots = 2 if cfg.scatter_pairs else 1
-            block_idx = t.sidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
+            block_idx = sidx[0:PARTITIONS, blk * per_block:(blk + 1) * per_block]
             for ci, _ in enumerate(self.live.chunks("scatter", n)):
                 idx, oob = self.live.index("scatter", block_idx, n, ci)
                 for k in range(per_block):

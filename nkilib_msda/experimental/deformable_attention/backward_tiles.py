@@ -73,6 +73,10 @@ class BackwardTiles:
     coef: Any = None
     red_alt: Any = None        # fp32 ping-pong partner of red (more than 16 buffers to sum)
     swork: Any = None          # list of (4 N_p, C_t) fp32 tiles: scatter data after ``work``, in turn
+    # pipelined super-tiles: the next super-tile's copies (the kernel swaps them in turn)
+    grad_alt: Any = None
+    vbits_alt: Any = None
+    sidx_alt: Any = None
     # folded scatter (backward_scatter_fold; None unless cfg.scatter_fold > 1)
     fold_pad: Any = None       # (4f,) fp32: out-of-range row where a corner is outside the map
     fidx: Any = None           # (4f,) int32: permuted index columns (slice, sample, group)

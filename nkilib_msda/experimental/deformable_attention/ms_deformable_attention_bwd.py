@@ -18,6 +18,10 @@ Design (details and the scatter-uniqueness proof in ``backward_config``):
   no cap or >= 256 writes x-corner pairs as for the gathers), ``num_scatter_buffers`` sets
   (default 1) take successive scatter DMAs round robin,
   fixed-order reduction, one cast. LNC=2: per-core buffers, core_barrier, row-banded reduce.
+- Pipelining (plan.pipelined; transpose gathers, one channel tile, unfolded scatter, where SBUF
+  allows): super-tile i + 1 is loaded, prepared and gathered before super-tile i's scatter data
+  and scatters, so GpSimd's scatter descriptors overlap the Vector engine's next dot products;
+  the scatter data rotates over several tiles (docs/kernels.md, "Pipelining the backward").
 
 Buffer dtype (``grad_value_buffers_in`` / ``dump_grad_value_buffers``): float32, shape
 (B, lnc*K, L*N_h, C_h), rows in value's layout order (BLNC: pix*N_h + h; BNLC: h*L + pix).
@@ -268,8 +272,9 @@ class _BackwardKernel:
             smp.build_kscale(cfg, t)
         if t.gidx != None:  # noqa: E711
             nisa.memset(dst=t.gidx, value=0)
-        if t.sidx != None:  # noqa: E711  (rows beyond a partial block are read, then skipped)
-            nisa.memset(dst=t.sidx, value=0)
+        for sidx in (t.sidx, t.sidx_alt):  # rows beyond a partial block are read, then skipped
+            if sidx != None:  # noqa: E711
+                nisa.memset(dst=sidx, value=0)
         self.live.build()
         if cfg.corner_blocks:  # the forward's scratch and build (one barrier at LNC 2)
             cells2d = build_corner_blocks(self.value, cfg, self.core)
@@ -279,8 +284,11 @@ class _BackwardKernel:
         if cfg.compute_grad_value and buffers_in == None:  # noqa: E711
             bufs.zero_own_buffers(cfg, buffer_sets, self.core, t.red)
 
-        for b in range(p.batch):
-            for q0, blocks, parts in cfg.super_tiles(self.core):
+        tiles = [(b, q0, blocks, parts) for b in range(p.batch) for q0, blocks, parts in cfg.super_tiles(self.core)]
+        if cfg.pipelined:
+            self._pipelined(tiles)
+        else:
+            for b, q0, blocks, parts in tiles:
                 self._super_tile(b, q0, blocks, parts)
 
         results = [x for x in (self.grad_value, self.gsl_out, self.gaw_out) if x != None]  # noqa: E711
@@ -308,15 +316,7 @@ class _BackwardKernel:
         cfg, p, t = self.cfg, self.p, self.t
         f = blocks * p.num_points
         row0 = (b * p.num_queries + q0) * cfg.groups
-        rpb = cfg.partitions_per_block
-        if p.sampling_locations_layout == "BQHLP2":
-            nisa.dma_copy(dst=t.loc[0:n, 0:f, :], src=_rows_ap(self.loc2d, row0, n, blocks, rpb))
-        else:
-            plane = p.num_queries * cfg.groups
-            for c in range(2):
-                prow = (b * 2 + c) * plane + q0 * cfg.groups
-                nisa.dma_copy(dst=t.loc[0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
-        nisa.dma_copy(dst=t.attn[0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
+        self._load_params(b, q0, blocks, n)
         channel_tiles = cfg.channel_tiles
         self._load_grad(b, q0, n, blocks, *channel_tiles[0])
         if cfg.needs_gather:
@@ -335,6 +335,63 @@ class _BackwardKernel:
                 if scatter_terms == None:  # noqa: E711
                     scatter_terms = self.scatter.terms(n, f)
                 self.scatter.tile(b, n, blocks, c0, width, *scatter_terms)
+
+    def _pipelined(self, tiles) -> None:
+        """Super-tiles (b, q0, blocks, n) with tile i + 1's loads, coordinates, indices and
+        gathers emitted after tile i's gradients and scatter terms but before its scatter data
+        and scatters (one channel tile, transpose gathers, unfolded scatter; plan.pipelined):
+        GpSimd then issues tile i + 1's gathers before tile i's scatters, so the Vector engine's
+        dot products of tile i + 1 run while GpSimd generates tile i's scatter descriptors.
+        Tile i + 1 loads into the ``*_alt`` copies of grad and vbits (and its terms go to the
+        other sidx), which tile i's scatter still reads; the order of the scatters, and so
+        grad_value, is that of :meth:`_super_tile`."""
+        p, t = self.p, self.t
+        ((c0, width),) = self.cfg.channel_tiles
+        if not tiles:  # a core with no queries (LNC 2, tiny N_q)
+            return
+        issued = self._prepare(*tiles[0])
+        for i, (b, q0, blocks, n) in enumerate(tiles):
+            f = blocks * p.num_points
+            row0 = (b * p.num_queries + q0) * self.cfg.groups
+            self.gather.dots(b, n, blocks, c0, width, first=True, issued=issued)
+            self.gather.finish(n, f)
+            self._sample_gradients(b, row0, n, f, blocks)
+            coef, bits = self.scatter.terms(n, f)
+            grad, sidx = t.grad, t.sidx
+            if i + 1 < len(tiles):
+                t.grad, t.grad_alt = t.grad_alt, t.grad
+                t.vbits, t.vbits_alt = t.vbits_alt, t.vbits
+                issued = self._prepare(*tiles[i + 1])
+            self.scatter.tile(b, n, blocks, c0, width, coef, bits, grad, sidx)
+            t.sidx, t.sidx_alt = t.sidx_alt, t.sidx
+
+    def _prepare(self, b: int, q0: int, blocks: int, n: int) -> list:
+        """Loads, row scales, bilinear terms and gather indices of one super-tile, then its
+        gathers (one list of issued transposes per block)."""
+        p, t = self.p, self.t
+        f = blocks * p.num_points
+        self._load_params(b, q0, blocks, n)
+        ((c0, width),) = self.cfg.channel_tiles
+        self._load_grad(b, q0, n, blocks, c0, width)
+        self._grad_scales(b, q0, n, blocks)
+        smp.sample_terms(self.cfg, t, n, f, True, self.want_gsl)
+        self.gather.prepare_indices(n, f)
+        return [self.gather.issue(b, blk, c0, width) for blk in range(blocks)]
+
+    def _load_params(self, b: int, q0: int, blocks: int, n: int) -> None:
+        """loc and attn of the super-tile's sample rows."""
+        cfg, p, t = self.cfg, self.p, self.t
+        f = blocks * p.num_points
+        row0 = (b * p.num_queries + q0) * cfg.groups
+        rpb = cfg.partitions_per_block
+        if p.sampling_locations_layout == "BQHLP2":
+            nisa.dma_copy(dst=t.loc[0:n, 0:f, :], src=_rows_ap(self.loc2d, row0, n, blocks, rpb))
+        else:
+            plane = p.num_queries * cfg.groups
+            for c in range(2):
+                prow = (b * 2 + c) * plane + q0 * cfg.groups
+                nisa.dma_copy(dst=t.loc[0:n, 0:f, c], src=_rows_ap(self.loc2d, prow, n, blocks, rpb))
+        nisa.dma_copy(dst=t.attn[0:n, 0:f], src=_rows_ap(self.attn2d, row0, n, blocks, rpb))
 
     def _load_grad(self, b: int, q0: int, n: int, blocks: int, c0: int, width: int) -> None:
         """grad[j, blk, 0:width] = grad_output channels [c0, c0 + width) of partition j's (q, h)."""

@@ -99,7 +99,7 @@ GATHER_METHODS = ("transpose", "copy")
 # Per-block scatter data tiles of the unfolded scatter, where the SBUF left by the fitted
 # tiles holds them (never at the cost of blocks or channels): with one tile the Vector
 # engine's next block waits for the previous block's last scatter DMA (write-after-read),
-# which serialises the Vector and GpSimd work of every block (docs/kernels.md, "Pipelining").
+# which serialises the Vector and GpSimd work of every block (docs/kernels.md, "Pipelining the backward").
 SCATTER_WORK_BUFS = 2
 PAIR_MIN_INDICES = 2 * PARTITIONS  # a cap of >= 256 indices lets one index move an (x0, x1) pair
 
@@ -154,6 +154,9 @@ class BackwardConfig:
     # per-block scatter data tiles the unfolded scatter takes in turn (``work`` and the
     # ``swork`` copies): the next block's data is written while the last block's scatters read
     scatter_work_bufs: int = 1
+    # super-tile i + 1's loads, coordinates and gathers are emitted before super-tile i's
+    # scatter data and scatters (docs/kernels.md, "Pipelining the backward")
+    pipelined: bool = False
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -396,12 +399,13 @@ def plan_backward(
         gather_columns = transpose_gather_columns(n_p, 4 * c_h, max_gather_indices_per_indirect)
     budget = sbuf_budget - (build_sbuf_bytes(problem, value_dtype) if corner_blocks else 0)
 
-    def tiles_for(blocks: int, width: int, points: int = n_p, work_copies: int = 0) -> SbufTiles:
+    def tiles_for(blocks: int, width: int, points: int = n_p, work_copies: int = 0,
+                  pipelined: bool = False) -> SbufTiles:
         shape = problem if points == n_p else replace(problem, num_points=points)
         return sbuf_tiles(shape, value_dtype, blocks, width, width < c_h, method, gather_columns,
                            compute_grad_value, want_gather,
                            gather_pairs or scatter_pairs, pad_columns(gather_partitions, scatter_partitions),
-                           sets * lnc * k_base, fold, corner_blocks, work_copies)
+                           sets * lnc * k_base, fold, corner_blocks, work_copies, pipelined)
 
     width, blocks = fit_sbuf(tiles_for, channel_tile_widths(c_h, method), budget)
     if width < c_h and corner_blocks:  # a corner block is whole C_h rows: plan four corners
@@ -426,11 +430,18 @@ def plan_backward(
             f"the per-partition sample tiles, at most N_p = {fitting} fits")
     if method == "transpose" and width < min(c_h, PARTITIONS):  # narrower transposes: fewer columns
         gather_columns = transpose_gather_columns(cols, width, max_gather_indices_per_indirect)
-    work_bufs = 1
-    if compute_grad_value and fold == 1:  # extra scatter data tiles only in SBUF left over
-        work_bufs = max((k for k in range(1, SCATTER_WORK_BUFS + 1)
-                         if sbuf_bytes(tiles_for(blocks, width, n_p, k - 1)) <= budget), default=1)
-    tiles = tiles_for(blocks, width, n_p, work_bufs - 1)
+    # pipelined super-tiles (transpose gathers, unfolded scatter, one channel tile), else a
+    # second scatter data tile: each only in SBUF left over by the fitted tiles
+    work_bufs, pipelined = 1, False
+    if compute_grad_value and fold == 1:
+        if want_gather and method == "transpose" and width == c_h:  # pipelined: T data tiles at most
+            work_bufs = max((k for k in range(SCATTER_WORK_BUFS, blocks + 1)
+                             if sbuf_bytes(tiles_for(blocks, width, n_p, k, True)) <= budget), default=1)
+            pipelined = work_bufs > 1
+        if not pipelined:
+            work_bufs = max((k for k in range(1, SCATTER_WORK_BUFS + 1)
+                             if sbuf_bytes(tiles_for(blocks, width, n_p, k - 1)) <= budget), default=1)
+    tiles = tiles_for(blocks, width, n_p, work_bufs if pipelined else work_bufs - 1, pipelined)
     channel_tiles = tuple((c0, min(width, c_h - c0)) for c0 in range(0, c_h, width))
     if corner_blocks:  # PE transposes of whole 4*C_h cells
         psum_columns = max(1, min(n_p, PSUM_BANK_BYTES // (4 * c_h * itemsize)))
@@ -445,7 +456,8 @@ def plan_backward(
         k_base=k_base, num_buffers=k_base, scatter_sets=sets, compute_grad_value=compute_grad_value,
         compute_grad_sampling_locations=compute_grad_sampling_locations,
         compute_grad_attention_weights=compute_grad_attention_weights, sbuf_budget=sbuf_budget,
-        sbuf_tiles=tiles, scatter_fold=fold, corner_blocks=corner_blocks, scatter_work_bufs=work_bufs)
+        sbuf_tiles=tiles, scatter_fold=fold, corner_blocks=corner_blocks, scatter_work_bufs=work_bufs,
+        pipelined=pipelined)
 
 
 def buffer_index(config: BackwardConfig, partition: int) -> int:

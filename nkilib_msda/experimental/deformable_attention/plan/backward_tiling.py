@@ -86,7 +86,7 @@ def _tile_bytes(shape: tuple[int, ...], dtype: str) -> int:
 def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, tiled: bool,
                gather_method: str, gather_columns: int, want_value: bool, want_gather: bool,
                pairs: bool, live_pad_columns: int = 0, reduce_sources: int = 1, fold: int = 1,
-               corner_blocks: bool = False, scatter_work_copies: int = 0) -> SbufTiles:
+               corner_blocks: bool = False, scatter_work_copies: int = 0, pipelined: bool = False) -> SbufTiles:
     """Every SBUF tile the kernel allocates: (name, free shape, dtype); dim 0 is 128.
 
     Per-sample tiles have f = T*N_p samples per partition; corner tiles are (f, 2, 2)
@@ -103,6 +103,10 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     ``scatter_work_copies``: per-block scatter data tiles besides ``work`` (``swork``; the
     unfolded scatter takes ``work`` and these in turn, so the Vector engine writes the next
     block's data while the scatters of the previous block still read theirs).
+    ``pipelined`` (transpose gathers, unfolded scatter): super-tile i + 1 is prepared and
+    gathered before super-tile i scatters, so every transpose of a super-tile has its own
+    transposed tile, and grad, vbits and sidx get a second copy (``*_alt``) for the next
+    super-tile; ``scatter_work_copies`` is then T (``work`` stays the dot products' scratch).
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
@@ -154,7 +158,11 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
         if gather_method == "transpose":  # bands of channels x m*128 gathered rows, 2 copies
             chunks = ((0, 4 * c_h),) if corner_blocks else transpose_chunks(width)
             m = max(gather_split(gather_columns, c)[1] for _, c in chunks)
-            tiles.append(("transposed", (GATHER_TRANSPOSE_BUFS, m * PARTITIONS), value_dtype))
+            copies = GATHER_TRANSPOSE_BUFS
+            if pipelined:
+                index_cols = n_p if corner_blocks else cols
+                copies = blocks * -(-index_cols // gather_columns) * len(chunks)
+            tiles.append(("transposed", (copies, m * PARTITIONS), value_dtype))
             # a 16-byte-aligned copy of a multi-column index tile that starts misaligned
             tiles.append(("gidx_aligned", (2, -(-m // INDEX_TILE_ALIGN_WORDS) * INDEX_TILE_ALIGN_WORDS), "uint32"))
         else:  # masked index columns of a chunk (backward_live_rows), 2 in turn
@@ -167,6 +175,9 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
                       ("fwork", (2, cols, c_h), "float32")]
         elif scatter_work_copies > 0:
             tiles.append(("swork", (scatter_work_copies, cols, c_h), "float32"))
+        if pipelined:
+            tiles += [("grad_alt", (blocks, c_h), "float32"), ("vbits_alt", (f, 4), "int32"),
+                      ("sidx_alt", (f * 4,), "int32")]
     tiles += [
         ("red", (REDUCE_FREE_ELEMENTS,), "float32"),
         ("red_prev", (REDUCE_FREE_ELEMENTS,), "float32"),

@@ -379,13 +379,58 @@ def test_transpose_gather_bands(channels, columns):
 
 
 def test_transposed_tiles_are_double_buffered_bands():
-    cfg = plan_backward(problem(), "bfloat16", gather_layout="four-corner")  # C_h = 32: four bands
+    # without the grad_value scatter nothing is pipelined: two transposed tiles in turn
+    cfg = plan_backward(problem(), "bfloat16", gather_layout="four-corner", compute_grad_value=False)
     tiles = {name: shape for name, shape, _ in cfg.sbuf_tiles}
     band, m = gather_split(cfg.gather_columns, 32)
     assert band == 32 and tiles["transposed"] == (GATHER_TRANSPOSE_BUFS, m * PARTITIONS)
     assert GATHER_TRANSPOSE_BUFS >= 2
-    cfg = plan_backward(problem(), "bfloat16", gather_layout="corner-block")  # 4 * C_h: one band
+    cfg = plan_backward(problem(), "bfloat16", gather_layout="corner-block", compute_grad_value=False)
     tiles = {name: shape for name, shape, _ in cfg.sbuf_tiles}
     band, m = gather_split(cfg.gather_columns, 128)
     assert band == 128 and tiles["transposed"] == (GATHER_TRANSPOSE_BUFS, m * PARTITIONS)
     assert tiles["consts"] == (18,)
+
+
+@pytest.mark.parametrize("layout", ["four-corner", "corner-block"])
+def test_pipelined_plan_holds_a_super_tile_of_gathers_and_the_next_tiles_copies(layout):
+    p = problem()
+    cfg = plan_backward(p, "bfloat16", gather_layout=layout)
+    tiles = {name: (shape, dt) for name, shape, dt in cfg.sbuf_tiles}
+    t, f = cfg.blocks_per_tile, cfg.blocks_per_tile * p.num_points
+    index_cols = p.num_points if cfg.corner_blocks else cfg.columns_per_block
+    per_block = -(-index_cols // cfg.gather_columns) * len(cfg.transpose_chunks(32) if not cfg.corner_blocks else (0,))
+    assert cfg.pipelined and 2 <= cfg.scatter_work_bufs <= t
+    assert tiles["transposed"][0][0] == t * per_block  # every gather of a super-tile in flight
+    assert tiles["swork"] == ((cfg.scatter_work_bufs, 4 * p.num_points, 32), "float32")
+    assert tiles["grad_alt"] == tiles["grad"] and tiles["vbits_alt"] == tiles["vbits"] == ((f, 4), "int32")
+    assert tiles["sidx_alt"] == tiles["sidx"]
+    assert cfg.sbuf_bytes_per_partition <= cfg.sbuf_budget
+
+
+def test_scatter_data_takes_a_second_tile_only_in_leftover_sbuf():
+    p = problem()
+    # the copy gather is never pipelined: work and one swork tile in turn
+    cfg = plan_backward(p, "bfloat16", gather_method="copy")
+    tiles = {name: (shape, dt) for name, shape, dt in cfg.sbuf_tiles}
+    assert not cfg.pipelined and cfg.scatter_work_bufs == 2 and cfg.scatter_fold == 1
+    assert tiles["swork"] == ((1, 4 * p.num_points, 32), "float32") and tiles["work"][0] == (4 * p.num_points, 32)
+    assert "grad_alt" not in tiles
+    extra = 4 * p.num_points * 32 * 4
+    # a budget one byte short of the second tile: the same blocks and width, one data tile
+    tight = plan_backward(p, "bfloat16", gather_method="copy", sbuf_budget=cfg.sbuf_bytes_per_partition - 1)
+    assert (tight.blocks_per_tile, tight.channel_tiles) == (cfg.blocks_per_tile, cfg.channel_tiles)
+    assert tight.scatter_work_bufs == 1 and "swork" not in {name for name, _, _ in tight.sbuf_tiles}
+    assert tight.sbuf_bytes_per_partition == cfg.sbuf_bytes_per_partition - extra
+    # a transpose plan whose pipelined tiles do not fit falls back to the same blocks, unpipelined
+    full = plan_backward(p, "bfloat16", gather_layout="four-corner")
+    unpiped = plan_backward(p, "bfloat16", gather_layout="four-corner", sbuf_budget=full.sbuf_bytes_per_partition
+                            - (full.scatter_work_bufs - 1) * extra - 1)
+    assert full.pipelined and not unpiped.pipelined and unpiped.scatter_work_bufs == 2
+    assert (unpiped.blocks_per_tile, unpiped.channel_tiles) == (full.blocks_per_tile, full.channel_tiles)
+    # no second tile without the unfolded scatter: grad_value not wanted, or the folded scatter
+    no_value = plan_backward(p, "bfloat16", compute_grad_value=False)
+    assert no_value.scatter_work_bufs == 1 and "swork" not in {name for name, _, _ in no_value.sbuf_tiles}
+    decoder = plan_backward(problem(n_q=900, n_p=4, shapes=((150, 150),)), "bfloat16", lnc=2)
+    assert decoder.scatter_fold > 1 and decoder.scatter_work_bufs == 1 and not decoder.pipelined
+    assert "swork" not in {name for name, _, _ in decoder.sbuf_tiles}
