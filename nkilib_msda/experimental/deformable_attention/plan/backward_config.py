@@ -152,7 +152,8 @@ class BackwardConfig:
     # gathers read the corner-block scratch: one 4*C_h run per sample (backward_corner_blocks)
     corner_blocks: bool = False
     # per-block scatter data tiles the unfolded scatter takes in turn (``work`` and the
-    # ``swork`` copies): the next block's data is written while the last block's scatters read
+    # ``swork`` copies; pipelined: the ``swork`` copies, 2..T): the next block's data is
+    # written while the last blocks' scatters read theirs
     scatter_work_bufs: int = 1
     # super-tile i + 1's loads, coordinates and gathers are emitted before super-tile i's
     # scatter data and scatters (docs/kernels.md, "Pipelining the backward")

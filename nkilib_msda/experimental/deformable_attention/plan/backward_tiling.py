@@ -106,7 +106,8 @@ def sbuf_tiles(problem: MSDAProblem, value_dtype: str, blocks: int, width: int, 
     ``pipelined`` (transpose gathers, unfolded scatter): super-tile i + 1 is prepared and
     gathered before super-tile i scatters, so every transpose of a super-tile has its own
     transposed tile, and grad, vbits and sidx get a second copy (``*_alt``) for the next
-    super-tile; ``scatter_work_copies`` is then T (``work`` stays the dot products' scratch).
+    super-tile; ``swork`` is then the whole scatter data ring (``work`` stays the dot products'
+    scratch).
     """
     n_p, c_h = problem.num_points, width
     f = blocks * n_p
