@@ -27,7 +27,14 @@ BUFFERS = ON_CHIP | HBM_BUFFERS
 
 
 class Storage:
-    """Raw bytes of one allocation plus a byte-wise "has been written" mask."""
+    """Raw bytes of one allocation plus a byte-wise "has been written" mask.
+
+    ``data`` (the bytes) and ``init`` (the mask) are created on first use: many kernels
+    allocate tiles they never touch (AWS's modular allocator hands out whole circular-buffer
+    lists up front; attention_cte at seqlen 8192 writes 0.5 of its 2.7 GB of allocations), and
+    filling pages that are never read costs a page fault per 4 KiB. A storage poisoned before
+    first use is filled then, so its bytes read exactly as if it had been filled at
+    allocation (:meth:`poison`)."""
 
     def __init__(self, buffer: str, nbytes: int, *, partitions: int = 0,
                  bytes_per_partition: int = 0, name: str = "", program_id: int = 0) -> None:
@@ -37,9 +44,8 @@ class Storage:
         self.nbytes = int(nbytes)
         self.partitions = int(partitions)
         self.bytes_per_partition = int(bytes_per_partition)
-        padded = -(-max(self.nbytes, 1) // 8) * 8  # lets the mask be viewed as uint16/32/64
-        self.data = np.empty(padded, dtype=np.uint8)
-        self.init = np.zeros(padded, dtype=np.uint8)
+        self.padded = -(-max(self.nbytes, 1) // 8) * 8  # lets the mask be viewed as uint16/32/64
+        self._poison_dtype: Any = None  # the poison still to apply when ``data`` is created
         self.name = name
         self.program_id = program_id
         self.written = False  # any write since creation (drives write-back of inputs)
@@ -49,18 +55,42 @@ class Storage:
         self.race: RaceFlags | None = None  # LNC 2 shared_hbm only: cross-core race bookkeeping
         self.bytes_read = 0  # shared_hbm only: bytes read by instructions (progress display)
 
+    def __getattr__(self, name: str) -> Any:
+        """Creates ``data`` and ``init`` on their first use (only called for attributes not
+        yet set): ``data`` uninitialised and then poisoned if :meth:`poison` was called,
+        ``init`` zeroed (calloc'd pages stay untouched until written)."""
+        if name not in ("data", "init") or "padded" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.data = np.empty(self.padded, dtype=np.uint8)
+        self.init = np.zeros(self.padded, dtype=np.uint8)
+        if self._poison_dtype is not None:
+            self._fill_poison(self._poison_dtype)
+            self._poison_dtype = None
+        return self.__dict__[name]
+
+    @property
+    def materialised(self) -> bool:
+        """Whether ``data`` and ``init`` exist yet (a never-used storage has neither)."""
+        return "data" in self.__dict__
+
     @property
     def is_on_chip(self) -> bool:
         return self.buffer in ON_CHIP
 
     def poison(self, dtype: Any) -> None:
-        """Fill with NaN (floats) or 4 (ints), as the official simulator does."""
-        view = self.data.view(dtype.np) if self.data.size % dtype.itemsize == 0 else None
-        if view is None:
+        """Fill with NaN (floats) or 4 (ints), as the official simulator does; marks every
+        byte unwritten. Before ``data`` exists the fill is applied when it is created."""
+        if self.padded % dtype.itemsize:
             return
-        view[...] = np.nan if dtype.is_float else 4
-        self.init[...] = 0
         self.fully_initialised = False
+        if not self.materialised:
+            self._poison_dtype = dtype
+            return
+        self._fill_poison(dtype)
+        self.init[...] = 0
+
+    def _fill_poison(self, dtype: Any) -> None:
+        self.data.view(dtype.np)[...] = np.nan if dtype.is_float else 4
 
     def numel(self, itemsize: int) -> int:
         return self.nbytes // itemsize

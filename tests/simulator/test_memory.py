@@ -158,3 +158,56 @@ def test_operand_agreement_and_buffer_checks():
         with raises_rule("tensor_copy", "engine access"):
             access.check_compute_partitions("tensor_copy", a)
     in_kernel(body, np.zeros((4, 4), np.float32))
+
+
+def test_storages_are_created_on_first_use_and_read_as_if_poisoned_at_allocation():
+    """A tile's bytes and "written" mask come into being on first use (untouched tiles cost
+    no memory); what a first read sees is the poison applied at allocation, and a tile
+    written in part keeps the other part unwritten. Random values and shapes per run."""
+    rng = np.random.default_rng()
+    cols = int(rng.integers(3, 40))
+    values = rng.standard_normal((4, cols)).astype(np.float32)
+
+    def body(a):
+        untouched = nl.ndarray((128, 4096), nl.float32, buffer=nl.sbuf)
+        f = nl.ndarray((4, cols), nl.float32, buffer=nl.sbuf)
+        i = nl.ndarray((4, cols), nl.int32, buffer=nl.sbuf)
+        assert not untouched.storage.materialised and not f.storage.materialised
+        assert not f.storage.fully_initialised
+        access.write(f[:, 0:cols - 1], values[:, :cols - 1], "probe")
+        assert f.storage.materialised
+        got = access.read(f[:, 0:cols - 1], "probe")
+        np.testing.assert_array_equal(np.asarray(got, np.float32).reshape(4, cols - 1),
+                                      values[:, :cols - 1])
+        with raises_rule("probe", "uninitialized read"):
+            access.read(f[:, cols - 1:cols], "probe")  # the unwritten column
+        raw = f.storage.data.view(np.float32)[:4 * cols].reshape(4, cols)
+        assert np.isnan(raw[:, cols - 1]).all()  # poison applied when the bytes were created
+        assert (i.storage.data.view(np.int32)[:4 * cols] == 4).all()
+        assert not untouched.storage.materialised  # never used: never created
+    in_kernel(body, np.zeros(1, np.float32))
+
+
+def test_poisoning_a_used_storage_refills_it_and_forgets_what_was_written():
+    from nkilib_msda.simulator.dtypes import to_nki_dtype
+
+    def body(a):
+        f = nl.ndarray((2, 8), nl.float32, buffer=nl.sbuf)
+        access.write(f, np.ones(16), "probe")
+        assert f.storage.fully_initialised
+        f.storage.poison(to_nki_dtype(nl.float32))
+        assert np.isnan(f.storage.data.view(np.float32)[:16]).all()
+        assert not f.storage.init.any() and not f.storage.fully_initialised
+        with raises_rule("probe", "uninitialized read"):
+            access.read(f, "probe")
+    in_kernel(body, np.zeros(1, np.float32))
+
+
+def test_a_storage_without_bytes_yet_has_no_other_missing_attributes():
+    from nkilib_msda.simulator.memory import Storage
+    s = Storage("sbuf", 64, partitions=2, bytes_per_partition=32)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        s.nope  # noqa: B018
+    assert not s.materialised
+    assert s.data.size == s.init.size == s.padded == 64 and not s.init.any()
+    assert s.materialised

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -20,13 +21,20 @@ from nkilib_msda.simulator.timing.fingerprint import graph_hash
 from nkilib_msda.tools.calibration.records import FAMILIES, Row, config_text, kernel_commit
 from nkilib_msda.tools.calibration.references import BUILDERS, lnc_of
 
-__all__ = ["run_one", "run_records", "graph_file", "load_cache", "save_cache"]
+__all__ = ["CHILD_ENV", "run_one", "run_records", "graph_file", "load_cache", "save_cache"]
 
 _PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the folder holding nkilib_msda/
 # The child imports this very package (not another installed copy) and runs one record.
 _CHILD = (f"import sys; sys.path.insert(0, {str(_PACKAGE_PARENT)!r}); "
           "from nkilib_msda.tools.calibration.runner import _main; "
           "raise SystemExit(_main(sys.argv[1:]))")
+# One BLAS thread per child. The emulator's matmuls are small (at most [128, 128] x [128, 512]
+# per nc_matmul, in float64) and the LNC programs take turns, so a second OpenBLAS thread only
+# contends: on the shared 2-core machine with the other core busy it made each such product
+# 4x slower (0.56 -> 2.3 ms) and an mlp_cte record's emulation 10x slower (docs/calibration.md,
+# "Emulator speed"). Thread counts do not change a product's bits (OpenBLAS splits the output,
+# not the contraction).
+CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run_one(checkout: Path, kernel: str, values: dict[str, Any],
@@ -119,7 +127,8 @@ def run_records(checkout: Path, rows: list[Row], cache_path: Path, graphs: Path,
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-c", _CHILD, str(checkout), payload],
-                                  capture_output=True, text=True, timeout=timeout_s)
+                                  capture_output=True, text=True, timeout=timeout_s,
+                                  env={**os.environ, **CHILD_ENV})
             if proc.returncode == 0:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
             else:

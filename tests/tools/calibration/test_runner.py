@@ -1,0 +1,52 @@
+"""The calibration runner (nkilib_msda/tools/calibration/runner.py): each record runs in a
+child process with one BLAS thread, and its result lands in the cache."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from nkilib_msda.tools.calibration import records as cal
+from nkilib_msda.tools.calibration import runner
+
+
+def _row(hidden):
+    rec = cal.Record("mlp_cte", "perms", 1, {"batch": 1, "seqlen": 512, "hidden": hidden,
+                                              "tpbSgCyclesSum": 12_345_678}, "tpbSgCyclesSum")
+    return rec, cal.Decision(12_345_678, False, "measured"), True, ""
+
+
+def test_children_get_one_blas_thread_and_results_are_cached(tmp_path, monkeypatch):
+    rng = np.random.default_rng()
+    hidden = int(rng.integers(1, 1 << 16))
+    estimate = float(rng.uniform(1, 1000))
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append((cmd, kwargs))
+        out = json.dumps({"status": "ran", "match": True, "estimate_us": estimate})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    (tmp_path / "PROVENANCE.json").write_text(json.dumps({"*": "abc1234"}))  # no git call
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
+    monkeypatch.setenv("SOME_OTHER_SETTING", "kept")
+    cache = runner.run_records(tmp_path, [_row(hidden)], tmp_path / "runs.json",
+                               tmp_path / "graphs", timeout_s=5)
+    (cmd, kwargs), = seen
+    assert cmd[:2] == [sys.executable, "-c"] and kwargs["timeout"] == 5
+    env = kwargs["env"]
+    assert env["OPENBLAS_NUM_THREADS"] == env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    assert env["SOME_OTHER_SETTING"] == "kept"  # the rest of the environment is passed on
+    key = _row(hidden)[0].key()
+    assert cache[key]["estimate_us"] == estimate and cache[key]["commit"] == "abc1234"
+    assert json.loads((tmp_path / "runs.json").read_text())[key]["estimate_us"] == estimate
+
+
+def test_the_child_environment_limits_openblas_to_one_thread():
+    """A real child started with the runner's settings (the variable OpenBLAS reads)."""
+    code = "import os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**runner.os.environ, **runner.CHILD_ENV}, check=True)
+    assert out.stdout.strip() == "1"
