@@ -17,7 +17,7 @@ from nkilib_msda.hardware import TWO_BYTE_FLOAT_DTYPES
 __all__ = ["Record", "Decision", "Family", "FAMILIES", "MEASURE_NAMES", "PS_PER_US", "Row",
            "parse_records", "decide", "in_scope", "sym", "kernel_commit", "collect", "config_text"]
 
-MEASURE_NAMES = ("tpbSgCyclesSum", "cyclesQoR")
+MEASURE_NAMES = ("tpbSgCyclesSum", "cyclesQoR", "qor")  # "qor": attention_cte's context-parallel lists
 PS_PER_US = 1e6
 
 

@@ -180,8 +180,24 @@ def _run_mlp_tkg(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callabl
 
 _ATTN_COLUMNS = {"vnc_degree", "bs", "bs_kv", "seqlen_kv", "seqlen_q", "prior_len",
                  "prior_used_len", "d", "softmax_scale", "dtype", "causal_mask", "tp_q", "tp_k",
-                 "tp_out", "sink", "sliding_window"}
+                 "tp_out", "sink", "sliding_window", "cp_rank_id", "cp_degree"}
 _ATTN_CHECK_LIMIT = 1 << 24  # bs * seqlen_q * seqlen_kv up to which the reference is computed
+# The context-parallel lists name their columns after the test's arguments; the test passes
+# them on as these (run_attention_cte_test: seqlen_q=q_seqlen_partial, seqlen_kv=kv_seqlen, ...).
+_CP_RENAMES = {"q_seqlen_partial": "seqlen_q", "kv_seqlen": "seqlen_kv",
+               "kv_seqlen_prior": "prior_len", "kv_prior_used_len": "prior_used_len"}
+
+
+def attention_columns(v: dict[str, Any]) -> dict[str, Any]:
+    """A record's columns under the no-CP lists' names. A context-parallel record (one with
+    ``cp_degree``) is always causal (its test fixes ``causal_mask=True``); its Q slice is
+    rank ``cp_rank_id``'s contiguous block (the test runs each record with
+    ``cp_strided_q_slicing`` False and True and records one value; the calibration runs
+    False)."""
+    out = {_CP_RENAMES.get(k, k): x for k, x in v.items() if k not in ("tpbSgCyclesSum", "qor")}
+    if "cp_degree" in out:
+        out["causal_mask"] = True
+    return out
 
 
 def _run_attention_cte(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, Callable[[Any], Any]]:
@@ -189,15 +205,18 @@ def _run_attention_cte(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, C
     from nkilib_src.nkilib.core.attention import attention_cte as module
     _accept_section_params_keywords(module)
     attention_cte = module.attention_cte
-    extra = sorted(set(v) - _ATTN_COLUMNS - {"tpbSgCyclesSum"})
+    v = attention_columns(v)
+    extra = sorted(set(v) - _ATTN_COLUMNS)
     if extra:
-        raise ValueError(f"attention_cte: columns {extra} (context parallel, packing) are not "
+        raise ValueError(f"attention_cte: columns {extra} (e.g. sequence packing) are not "
                          "built by this script")
     dt = _bf16() if sym(v["dtype"]) == "bfloat16" else np.float16
     bs, bs_kv = v["bs"], v.get("bs_kv", v["bs"])
     sq, skv, d = v["seqlen_q"], v["seqlen_kv"], v["d"]
     tp_q, tp_k, tp_out = bool(v["tp_q"]), bool(v.get("tp_k", False)), bool(v["tp_out"])
     causal, scale = bool(v["causal_mask"]), float(v["softmax_scale"])
+    # context parallelism: this rank's queries sit at global positions offset + i
+    offset = int(v["cp_rank_id"]) * sq if v.get("cp_degree") else 0
     q = rng.uniform(-1, 1, (bs, sq, d) if tp_q else (bs, d, sq)).astype(dt)
     k = rng.uniform(-1, 1, (bs_kv, skv, d) if tp_k else (bs_kv, d, skv)).astype(dt)
     vv = rng.uniform(-1, 1, (bs_kv, skv, d)).astype(dt)
@@ -210,8 +229,12 @@ def _run_attention_cte(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, C
         kw["prior_used_len"] = np.full((1,), v.get("prior_used_len", prior), dtype=np.int32)
     if v.get("sink"):
         kw["sink"] = rng.uniform(15.0, 25.0, (bs, 1)).astype(np.float32)
+    if v.get("cp_degree"):
+        kw.update(cp_offset=np.full((1, 1), offset, dtype=np.int32),
+                  global_cp_deg=int(v["cp_degree"]), cp_strided_q_slicing=False)
     checkable = (not prior and not v.get("sink") and not kw["sliding_window"] and bs == bs_kv
-                 and (sq == skv or not causal) and bs * sq * skv <= _ATTN_CHECK_LIMIT)
+                 and (sq == skv or not causal or v.get("cp_degree"))
+                 and bs * sq * skv <= _ATTN_CHECK_LIMIT)
 
     def reference(out: Any) -> tuple[bool, float]:
         if not checkable:
@@ -220,8 +243,9 @@ def _run_attention_cte(v: dict[str, Any], rng: Any) -> tuple[Any, tuple, dict, C
         qq = f(q) if tp_q else f(q).transpose(0, 2, 1)
         kk = f(k) if tp_k else f(k).transpose(0, 2, 1)
         s = np.einsum("bqd,bkd->bqk", qq, kk) * scale
-        if causal:
-            s = np.where(np.tril(np.ones((sq, skv), bool)), s, -np.inf)
+        if causal:  # key j is visible to query i at global position offset + i if j <= it
+            visible = np.arange(skv)[None, :] <= offset + np.arange(sq)[:, None]
+            s = np.where(visible, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         y = np.einsum("bqk,bkd->bqd", p / p.sum(-1, keepdims=True), f(vv))
         got = out[0] if isinstance(out, (list, tuple)) else out

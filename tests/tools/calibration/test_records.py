@@ -3,6 +3,7 @@ synthetic test-file snippet (written for this test; it only mimics the shapes of
 column string, a ``# Parameters:`` comment, pytest.param rows, pairs, placeholders and copied
 values)."""
 
+import numpy as np
 import pytest
 
 from nkilib_msda.tools.calibration import records as cal
@@ -68,3 +69,40 @@ def test_scope_filter_keeps_bf16_fp16_unquantized_only():
     comment_rows = [r for r in recs if r.measure_column == "tpbSgCyclesSum"]
     assert cal.in_scope(comment_rows[0])[0]
     assert not cal.in_scope(comment_rows[1])[0]  # float32
+
+
+CP_SNIPPET = '''
+class TestCp:
+    cp_params = \\
+        "bs, q_seqlen_partial, kv_seqlen, d, softmax_scale, dtype, tp_q, cp_rank_id, cp_degree, qor"
+    cp_perms = [
+        [4, 512, 1024, 128, 1.0, nl.bfloat16, True, 1, 2, 77e6],
+        [4, 512, 4096, 128, 1.0, nl.float32, True, 3, 8, 147e6],
+    ]
+'''
+
+
+def test_context_parallel_lists_name_their_measure_qor():
+    recs = cal.parse_records(CP_SNIPPET, "attention_cte")
+    assert [r.measure_column for r in recs] == ["qor", "qor"]
+    first = recs[0]
+    assert first.values["q_seqlen_partial"] == 512 and first.values["cp_rank_id"] == 1
+    d = cal.decide(first, [r.raw_measure for r in recs])
+    assert d.recorded_ps == 77_000_000 and not d.use_in_fit and "rounded" in d.note
+    assert cal.in_scope(first)[0] and not cal.in_scope(recs[1])[0]  # fp32 is out of scope
+
+
+def test_context_parallel_columns_map_to_the_no_cp_names_and_are_causal():
+    from nkilib_msda.tools.calibration.references import attention_columns
+    rng = np.random.default_rng()
+    sq, skv, rank = (int(x) for x in rng.integers(1, 5000, 3))
+    v = {"bs": 2, "q_seqlen_partial": sq, "kv_seqlen": skv, "kv_seqlen_prior": 7,
+         "kv_prior_used_len": 3, "cp_rank_id": rank, "cp_degree": 16, "qor": 1e6}
+    got = attention_columns(v)
+    assert got == {"bs": 2, "seqlen_q": sq, "seqlen_kv": skv, "prior_len": 7,
+                   "prior_used_len": 3, "cp_rank_id": rank, "cp_degree": 16,
+                   "causal_mask": True}
+    plain = {"bs": 1, "seqlen_q": sq, "seqlen_kv": skv, "causal_mask": False,
+             "tpbSgCyclesSum": 5}
+    assert attention_columns(plain) == {"bs": 1, "seqlen_q": sq, "seqlen_kv": skv,
+                                        "causal_mask": False}
