@@ -19,7 +19,7 @@ from typing import Any
 
 from nkilib_msda.simulator.timing.fingerprint import graph_hash
 from nkilib_msda.tools.calibration.records import FAMILIES, Row, config_text, kernel_commit
-from nkilib_msda.tools.calibration.references import BUILDERS, lnc_of
+from nkilib_msda.tools.calibration.references import BUILDERS, attention_columns, lnc_of
 
 __all__ = ["CHILD_ENV", "run_one", "run_records", "graph_file", "load_cache", "save_cache"]
 
@@ -91,7 +91,14 @@ def save_cache(path: Path, cache: dict[str, Any], updated: list[str] | None = No
 
 
 def _work(row: Row) -> int:
-    """A proxy for a record's work: the product of its positive integer config values."""
+    """A proxy for a record's work: attention_cte's score elements, batch x query length x
+    (KV length + prior length); for the other families the product of the positive integer
+    config values. (The product over attention's columns would multiply in the prior and
+    window lengths and the context-parallel rank and degree, and put a 2048-token record
+    with a prefix cache behind a 32k-token one.)"""
+    if row[0].kernel == "attention_cte":
+        v = attention_columns(dict(row[0].values))
+        return int(v["bs"]) * int(v["seqlen_q"]) * (int(v["seqlen_kv"]) + int(v.get("prior_len") or 0))
     return math.prod(v for v in row[0].config().values()
                      if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 

@@ -50,3 +50,21 @@ def test_the_child_environment_limits_openblas_to_one_thread():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**runner.os.environ, **runner.CHILD_ENV}, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_attention_records_are_ordered_by_score_elements():
+    """A prefix-cached 2048-token record comes before a 32k-token one (the product of all
+    columns would put it last), context-parallel columns counted by their no-CP names."""
+    def row(values):
+        rec = cal.Record("attention_cte", "t", 1, {**values, "tpbSgCyclesSum": 1},
+                         "tpbSgCyclesSum")
+        return rec, cal.Decision(1, False, ""), True, ""
+
+    prefix = row({"bs": 2, "seqlen_q": 2048, "seqlen_kv": 2048, "prior_len": 4096,
+                  "prior_used_len": 4095, "sliding_window": 128})
+    long = row({"bs": 1, "seqlen_q": 32768, "seqlen_kv": 32768})
+    cp = row({"bs": 3, "q_seqlen_partial": 512, "kv_seqlen": 8192, "cp_rank_id": 13,
+              "cp_degree": 16})
+    assert runner._work(prefix) == 2 * 2048 * (2048 + 4096)
+    assert runner._work(cp) == 3 * 512 * 8192
+    assert sorted([long, prefix, cp], key=runner._work) == [cp, prefix, long]
