@@ -34,7 +34,7 @@ from pathlib import Path
 
 from nkilib_msda.tools.calibration.fit import run_fit, write_calibration
 from nkilib_msda.tools.calibration.records import FAMILIES, collect
-from nkilib_msda.tools.calibration.report import print_table
+from nkilib_msda.tools.calibration.report import coverage_table, print_table
 from nkilib_msda.tools.calibration.runner import load_cache, run_records
 from nkilib_msda.tools.calibration.structures import run_structures
 
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--no-run", action="store_true", help="print from the cache only")
-    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--markdown", action="store_true",
+                    help="markdown tables: coverage per family, then one row per record")
     ap.add_argument("--fit", action="store_true",
                     help="fit the unknown parameters and a global scale on the fit set "
                          "(qkv_tkg, mlp_tkg) and report the error on the check set")
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             write_calibration(fitted, TARGET, _commit())
     if args.structures:
         run_structures(collect(checkout, list(FAMILIES)), cache, GRAPHS, STRUCTURES_RESULT)
+    if args.markdown:
+        print(coverage_table(rows, cache) + "\n")
     print_table(rows, cache, checkout, args.markdown, fitted)
     return 0
 

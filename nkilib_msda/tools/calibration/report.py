@@ -11,7 +11,7 @@ from nkilib_msda.tools.calibration.records import (FAMILIES, PS_PER_US, Row, con
                                                    kernel_commit)
 from nkilib_msda.tools.calibration.references import lnc_of
 
-__all__ = ["print_table"]
+__all__ = ["print_table", "coverage", "coverage_table"]
 
 
 def print_table(rows: list[Row], cache: dict[str, Any], checkout: Path, markdown: bool,
@@ -56,3 +56,49 @@ def print_table(rows: list[Row], cache: dict[str, Any], checkout: Path, markdown
     else:
         for ln in [head] + lines:
             print("  ".join(ln))
+
+
+_COVERAGE_COLUMNS = ("records", "in scope", "with a value", "ran", "matched", "timed out",
+                     "error", "stale", "not reached")
+
+
+def coverage(rows: list[Row], cache: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per family: records, in scope, in scope with a usable value (not a placeholder), and
+    of those: ran under the current graph hash (and matched their reference), timed out,
+    failed, ran under another graph hash only (stale), and never run (not reached)."""
+    model = graph_hash()
+    out: dict[str, dict[str, int]] = {}
+    for r, d, scope, _ in rows:
+        c = out.setdefault(r.kernel, dict.fromkeys(_COVERAGE_COLUMNS, 0))
+        c["records"] += 1
+        if not scope:
+            continue
+        c["in scope"] += 1
+        if d.recorded_ps is None or "placeholder" in d.note:
+            continue
+        c["with a value"] += 1
+        e = cache.get(r.key()) or {}
+        status = e.get("status")
+        if status == "ran" and e.get("model") == model:
+            c["ran"] += 1
+            c["matched"] += bool(e.get("match"))
+        elif status == "ran":
+            c["stale"] += 1
+        elif status == "timeout":
+            c["timed out"] += 1
+        elif status == "error":
+            c["error"] += 1
+        else:
+            c["not reached"] += 1
+    return out
+
+
+def coverage_table(rows: list[Row], cache: dict[str, Any]) -> str:
+    """Markdown: :func:`coverage` per family (set: fit or check)."""
+    cov = coverage(rows, cache)
+    lines = ["| family | set | " + " | ".join(_COVERAGE_COLUMNS) + " |",
+             "|---|---|" + "---|" * len(_COVERAGE_COLUMNS)]
+    for kernel, c in cov.items():
+        lines.append(f"| {kernel} | {FAMILIES[kernel].set_name} | "
+                     + " | ".join(str(c[k]) for k in _COVERAGE_COLUMNS) + " |")
+    return "\n".join(lines)
