@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 __all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
            "RENAMED_FROM", "read_env", "validate_environment", "env_table_markdown", "match_word",
            "env_flag", "check_package_variables",
-           "env_choice", "check_optional_bool", "environment_snapshot"]
+           "env_choice", "check_optional_bool", "environment_snapshot", "child_environment"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -319,3 +319,9 @@ def check_optional_bool(name: str, value: Any) -> bool | None:
     if type(value).__name__ in ("bool_", "bool") and hasattr(value, "item"):  # NumPy bool
         return bool(value)
     raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__} {value!r}")
+
+
+def child_environment(overrides: dict[str, str]) -> dict[str, str]:
+    """The environment for a child process: this process's variables with ``overrides`` set
+    (the calibration runner starts its children with one BLAS thread this way)."""
+    return {**os.environ, **overrides}

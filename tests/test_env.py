@@ -400,3 +400,12 @@ def test_package_variable_snapshot_without_os_environ_internals(monkeypatch):
     assert _env_mod._own_snapshot() == tuple(fake.get(n) for n in _env_mod._OWN_NAMES)
     with pytest.raises(EnvironmentVariableError, match="NKILIB_MSDA_DETERMINISTIC"):
         _env_mod.check_package_variables()
+
+
+def test_child_environment_keeps_the_environment_and_sets_the_overrides(monkeypatch):
+    from nkilib_msda._env import child_environment
+    monkeypatch.setenv("NKILIB_MSDA_TEST_CHILD_KEPT", "kept")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    env = child_environment({"OPENBLAS_NUM_THREADS": "1"})
+    assert env["NKILIB_MSDA_TEST_CHILD_KEPT"] == "kept" and env["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "8"  # this process's environment is untouched

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pickle
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nkilib_msda._env import child_environment
 from nkilib_msda.simulator.timing.fingerprint import graph_hash
 from nkilib_msda.tools.calibration.records import FAMILIES, Row, config_text, kernel_commit
 from nkilib_msda.tools.calibration.references import BUILDERS, attention_columns, lnc_of
@@ -135,7 +135,7 @@ def run_records(checkout: Path, rows: list[Row], cache_path: Path, graphs: Path,
         try:
             proc = subprocess.run([sys.executable, "-c", _CHILD, str(checkout), payload],
                                   capture_output=True, text=True, timeout=timeout_s,
-                                  env={**os.environ, **CHILD_ENV})
+                                  env=child_environment(CHILD_ENV))
             if proc.returncode == 0:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
             else:

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from nkilib_msda._env import child_environment
 from nkilib_msda.tools.calibration import records as cal
 from nkilib_msda.tools.calibration import runner
 
@@ -48,7 +49,7 @@ def test_the_child_environment_limits_openblas_to_one_thread():
     """A real child started with the runner's settings (the variable OpenBLAS reads)."""
     code = "import os; print(os.environ['OPENBLAS_NUM_THREADS'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**runner.os.environ, **runner.CHILD_ENV}, check=True)
+                         env=child_environment(runner.CHILD_ENV), check=True)
     assert out.stdout.strip() == "1"
 
 
