@@ -38,7 +38,7 @@ from nkilib_msda.tools.calibration.records import Row, config_text
 from nkilib_msda.tools.calibration.references import lnc_of
 
 __all__ = ["HYPOTHESES", "restructured", "compare_structures", "preferred", "structure_table",
-           "record_table", "run_structures"]
+           "record_group", "group_table", "record_table", "run_structures"]
 
 
 HYPOTHESES = ("spread-all",)  # analysis-only structures (module docstring)
@@ -131,6 +131,38 @@ def structure_table(comparison: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def record_group(key: str) -> str:
+    """The family of a record ``key``; attention_cte split into its context-parallel records,
+    its prefix-cache records (prior KV) and the others."""
+    kernel, config = key.split("|", 1)
+    if kernel != "attention_cte":
+        return kernel
+    columns = {item.split("=", 1)[0] for item in config.split(",")}
+    if "cp_degree" in columns:
+        return "attention_cte: context parallel"
+    return "attention_cte: prefix cache" if "prior_len" in columns else "attention_cte: other"
+
+
+def group_table(comparison: dict[str, Any]) -> str:
+    """Markdown: per group of :func:`record_group` and structure, at nominal parameters,
+    median |ratio - 1| / worst factor and the number of records off by more than 2x."""
+    structures = list(comparison["structures"])
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for key, r in comparison["ratios"].items():
+        groups.setdefault(record_group(key), []).append(r)
+    lines = ["| records | n | " + " | ".join(structures) + " |",
+             "|---|---|" + "---|" * len(structures)]
+    for name in sorted(groups):
+        cells = []
+        for structure in structures:
+            a = np.array([r[structure] for r in groups[name]])
+            worst = np.maximum(a, 1 / a)
+            cells.append(f"{np.median(np.abs(a - 1)):.1%} / {worst.max():.2f}× "
+                         f"({int((worst > 2).sum())} > 2×)")
+        lines.append(f"| {name} | {len(groups[name])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def record_table(comparison: dict[str, Any], threshold: float = 1.25,
                  labels: dict[str, str] | None = None) -> str:
     """Markdown: the records whose nominal-structure ratio is at least ``threshold`` (too
@@ -160,6 +192,8 @@ def run_structures(rows: list[Row], cache: dict[str, Any], graphs: Path, out: Pa
     comparison = compare_structures(fit_set, check_set, STRUCTURES + HYPOTHESES)
     out.write_text(json.dumps(comparison, indent=1, sort_keys=True) + "\n")
     print(structure_table(comparison))
+    print()
+    print(group_table(comparison))
     print()
     labels = {r.key(): f"{config_text(r)} (LNC {lnc_of(r.values)})" for r, *_ in rows}
     print(record_table(comparison, labels=labels))

@@ -123,3 +123,26 @@ def test_the_spread_all_hypothesis_moves_direct_copies_that_no_structure_moves()
           for s in STRUCTURES + structures.HYPOTHESES}
     assert us["spread"] == pytest.approx(us["nominal"]) and us["serial"] == pytest.approx(us["nominal"])
     assert us["spread-all"] < 0.5 * us["nominal"]
+
+
+def test_records_are_grouped_by_family_and_attention_kind():
+    assert structures.record_group("mlp_cte|batch=1,hidden=4096") == "mlp_cte"
+    assert structures.record_group("attention_cte|bs=4,cp_degree=2,cp_rank_id=1,kv_seqlen=1024"
+                                   ) == "attention_cte: context parallel"
+    assert structures.record_group("attention_cte|bs=2,prior_len=4096,prior_used_len=1,seqlen_q=8"
+                                   ) == "attention_cte: prefix cache"
+    assert structures.record_group("attention_cte|bs=1,seqlen_kv=256,seqlen_q=256"
+                                   ) == "attention_cte: other"
+
+
+def test_the_group_table_counts_records_off_by_more_than_2x():
+    rng = np.random.default_rng()
+    ratios = rng.uniform(0.3, 3.0, 9)
+    comparison = {"structures": {"nominal": {}, "spread": {}},
+                  "ratios": {f"mlp_cte|batch={i}": {"nominal": r, "spread": 1.0}
+                             for i, r in enumerate(ratios)}}
+    row = structures.group_table(comparison).splitlines()[2]
+    worst = np.maximum(ratios, 1 / ratios)
+    assert row.startswith("| mlp_cte | 9 | ")
+    assert f"{np.median(np.abs(ratios - 1)):.1%} / {worst.max():.2f}× ({int((worst > 2).sum())} > 2×)" in row
+    assert row.endswith("| 0.0% / 1.00× (0 > 2×) |")
