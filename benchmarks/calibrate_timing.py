@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/calibrate_timing.py PATH_TO_NKI_LIBRARY_CHECKOUT [--kernels qkv_tkg,mlp_tkg]
-        [--limit N] [--timeout-s 300] [--rerun] [--no-run] [--fit [--write-back]] [--structures]
+        [--limit N] [--timeout-s 300] [--rerun] [--shard K/N] [--no-run] [--fit [--write-back]] [--structures]
         [--markdown]
 
 nki-library's integration tests list, per configuration, a value measured on hardware
@@ -52,6 +52,16 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return k, n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkout", type=Path)
@@ -59,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="run at most N new configurations")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--rerun", action="store_true")
+    ap.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                    help="run only every N-th record from the K-th (0-based), so that N "
+                         "processes share the runs; they share the cache file")
     ap.add_argument("--no-run", action="store_true", help="print from the cache only")
     ap.add_argument("--markdown", action="store_true",
                     help="markdown tables: coverage per family, then one row per record")
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         cache = load_cache(CACHE)
     else:
         cache = run_records(checkout, rows, CACHE, GRAPHS, timeout_s=args.timeout_s,
-                            limit=args.limit, rerun=args.rerun)
+                            limit=args.limit, rerun=args.rerun, shard=args.shard)
     fitted = None
     if args.fit:
         fitted = run_fit(collect(checkout, list(FAMILIES)), cache, GRAPHS, FIT_RESULT)

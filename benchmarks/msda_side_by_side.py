@@ -52,13 +52,15 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
+from nkilib_msda._env import child_environment  # noqa: E402
 from nkilib_msda.simulator.timing.fingerprint import model_hash  # noqa: E402
+from nkilib_msda.tools.calibration.runner import CHILD_ENV  # noqa: E402
 from nkilib_msda.simulator.timing.scenarios import robust_ratio  # noqa: E402
 from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SHAPES  # noqa: E402
 
@@ -256,13 +258,17 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def save_results(path: Path, results: dict[str, Any]) -> None:
-    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    """Write the results atomically (a run stopped mid-write leaves the previous file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def _spawn(key: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
     start = time.perf_counter()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                              env=child_environment(CHILD_ENV))
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "error": f"no result within {timeout_s:.0f} s",
                 "emulator_wall_s": round(time.perf_counter() - start, 1)}
@@ -307,8 +313,16 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
               + (f" ({record.get('error')})" if record.get("status") != "ok" else ""), flush=True)
         return key, record
 
+    # Longest first (the last recorded seconds of each row, else the estimate), so that
+    # parallel jobs end together; each record is saved as soon as it ends.
+    def expected_s(item: tuple) -> float:
+        done = results["runs"].get(item[0], {}).get("emulator_wall_s")
+        return float(done or estimated_wall_s(results["runs"], item[0]) or 0.0)
+
+    todo.sort(key=expected_s, reverse=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for key, record in pool.map(job, todo):
+        for future in as_completed([pool.submit(job, item) for item in todo]):
+            key, record = future.result()
             results["runs"][key] = record
             results["meta"] = _meta(args)
             save_results(path, results)

@@ -147,8 +147,11 @@ def raw_access(storage: Any, addr: Any, dtype: Any, storage_order: bool = False
         p0, p1 = lo_e // ppe, (hi_e - 1) // ppe + 1
         if p1 - p0 == 1:
             lo, hi = (lo_e - p0 * ppe) * itemsize, (hi_e - p0 * ppe) * itemsize
-        else:
+        elif isinstance(addr, slice):  # a flat run across partitions: whole rows
             lo, hi = 0, storage.bytes_per_partition
+        else:  # the columns the addresses touch in any partition (a transpose's block)
+            cols = addr % ppe
+            lo, hi = int(cols.min()) * itemsize, (int(cols.max()) + 1) * itemsize
         per = max(count // (p1 - p0), 1)
         run = per if contiguous else max(count // runs, 1) if runs else 1
     else:

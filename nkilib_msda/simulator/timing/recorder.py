@@ -285,7 +285,12 @@ class Timeline:
         if descriptors or skipped_descriptors:
             count = sum((descriptors or {}).values()) + skipped_descriptors
         else:
-            runs = [a.run_bytes for a in reads + writes if a.run_bytes > 0]
+            # Only accesses that carry the transfer's data set the descriptor size (within a
+            # factor 4 of the largest: a cast changes the element size); the 4-byte runtime
+            # offset a dynamic-offset DMA reads moves no data.
+            largest = max((a.nbytes for a in reads + writes), default=0)
+            runs = [a.run_bytes for a in reads + writes
+                    if a.run_bytes > 0 and 4 * a.nbytes >= largest]
             run = min(runs) if runs else max(nbytes, 1)
             count = max(-(-nbytes // max(run, 1)), chip[0].p1 - chip[0].p0 if chip else 1)
         per_engine = hw.partitions_per_dma_engine

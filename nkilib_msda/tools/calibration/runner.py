@@ -6,9 +6,11 @@ under the same kernel commit and the same graph hash
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -81,12 +83,15 @@ def load_cache(path: Path) -> dict[str, Any]:
 
 def save_cache(path: Path, cache: dict[str, Any], updated: list[str] | None = None) -> None:
     """Write the cache; entries ``updated`` by this process are merged into what is on disk
-    (another run may be writing other kernels' entries meanwhile)."""
-    merged = load_cache(path)
-    merged.update({k: cache[k] for k in updated} if updated else cache)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    (other runs, such as the other shards of ``--shard``, may be writing their entries
+    meanwhile: the read-merge-write holds an exclusive lock on ``<cache>.lock``)."""
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = load_cache(path)
+        merged.update({k: cache[k] for k in updated} if updated else cache)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True, default=str) + "\n")
+        tmp.replace(path)
     cache.update(merged)
 
 
@@ -104,12 +109,15 @@ def _work(row: Row) -> int:
 
 
 def run_records(checkout: Path, rows: list[Row], cache_path: Path, graphs: Path, *,
-                timeout_s: float = 300.0, limit: int | None = None, rerun: bool = False
-                ) -> dict[str, Any]:
+                timeout_s: float = 300.0, limit: int | None = None, rerun: bool = False,
+                shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Run every in-scope record with a recorded value that has no fresh cached result,
-    smallest first, one subprocess each; returns the cache."""
+    smallest first, one subprocess each; returns the cache. ``shard`` ``(k, n)``: only the
+    records at positions ``k, k + n, ...`` of that order (``n`` processes share the work)."""
     kernels = list(dict.fromkeys(r.kernel for r, *_ in rows))
     rows = sorted(rows, key=lambda x: (kernels.index(x[0].kernel), _work(x)))
+    k, n = shard
+    rows = rows[k::n]
     cache = load_cache(cache_path)
     model = graph_hash()
     started = 0
