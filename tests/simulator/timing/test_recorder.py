@@ -210,3 +210,58 @@ def test_skipped_rows_of_an_indirect_dma_cost_descriptors_but_no_bytes():
         pytest.approx(_descriptor_ns_per_ns(gather, table, rows, param="dma_indirect_descriptor_ns"))
     stats = in_kernel(gather, table, half, report=True)[-1].to_dict()["dma"]["indirect_gather/hbm_to_sbuf"]
     assert stats["descriptors"] == 64 and stats["skipped_descriptors"] == 64
+
+
+def test_a_dynamic_offset_dma_has_the_descriptors_of_its_static_twin():
+    # The 4-byte runtime offset a dynamic-offset DMA reads moves no data: the descriptors
+    # are the data's rows (64 partitions x one 256 B row), not one per 4 bytes of the offset.
+    table = _x((512, 64))
+
+    def dynamic(h, s):
+        t = nl.ndarray((64, 64), h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=h.ap([[64, 64], [1, 64]], scalar_offset=load(s),
+                                      indirect_dim=0))
+        return store(t)
+
+    def static(h, s):
+        load(s)
+        t = nl.ndarray((64, 64), h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=h[100:164, :])
+        return store(t)
+
+    offset = np.array([[100]], np.int32)
+    assert in_kernel(dynamic, table, offset).tolist() == table[100:164].tolist()
+    per_ns = _descriptor_ns_per_ns(dynamic, table, offset)
+    assert per_ns == pytest.approx(_descriptor_ns_per_ns(static, table, offset))
+    assert per_ns == pytest.approx(64 / 8 + 64 / 8, rel=0.02)  # the load's and the store's rows
+
+
+def test_a_dma_transpose_of_one_block_waits_only_for_that_block():
+    # A DMA transpose reads its SBUF source through an address array across partitions; it
+    # touches only its block's columns, so writing the tile's other block (Scalar) does not
+    # wait for it (write-after-read), and the two chains overlap.
+    def body(h):
+        x = load(h)
+        tile = nl.ndarray((128, 256), h.dtype, buffer=nl.sbuf)
+        outs = []
+        for b in range(2):
+            blk = tile[:, b * 128:(b + 1) * 128]
+            nisa.activation(dst=blk, op=nl.exp, data=x[:, b * 128:(b + 1) * 128])
+            dst = nl.ndarray((128, 128), h.dtype, buffer=nl.sbuf)
+            nisa.dma_transpose(dst=dst, src=blk)
+            outs.append(dst)
+        return store(outs[0]), store(outs[1])
+
+    x = _x((128, 256), BF16)
+    *outs, report = in_kernel(body, x, report=True)
+    for b in range(2):
+        want = np.exp(x[:, b * 128:(b + 1) * 128].astype(np.float32)).T
+        np.testing.assert_allclose(np.asarray(outs[b], np.float32), want, rtol=2e-2)
+    t = report.timing
+    names = t.graph.names
+    acts = [i for i, n in enumerate(names) if n == "activation"]
+    transposes = [i for i, n in enumerate(names) if n == "dma_transpose"]
+    # the second activation starts right after the first on Scalar, not after the first
+    # transpose (which starts only once the first activation has ended plus the DMA latency)
+    assert t._start[acts[1]] == pytest.approx(t._end[acts[0]])
+    assert t._start[acts[1]] < t._start[transposes[0]]
