@@ -69,3 +69,30 @@ def test_attention_records_are_ordered_by_score_elements():
     assert runner._work(prefix) == 2 * 2048 * (2048 + 4096)
     assert runner._work(cp) == 3 * 512 * 8192
     assert sorted([long, prefix, cp], key=runner._work) == [cp, prefix, long]
+
+
+def test_shards_split_the_records_and_merge_into_one_cache(tmp_path, monkeypatch):
+    """Two shards run disjoint records whose union is every record; each merges its own
+    entries into the shared cache file (locked read-merge-write), so both survive."""
+    hiddens = [int(h) for h in np.random.default_rng().choice(1 << 16, size=5, replace=False)]
+    ran = []
+
+    def fake_run(cmd, **kwargs):
+        ran.append(json.loads(cmd[-1])[1]["hidden"])
+        out = json.dumps({"status": "ran", "match": True, "estimate_us": 1.0})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    (tmp_path / "PROVENANCE.json").write_text(json.dumps({"*": "abc1234"}))
+    rows = [_row(h) for h in hiddens]
+    per_shard = []
+    for k in range(2):
+        before = len(ran)
+        runner.run_records(tmp_path, rows, tmp_path / "runs.json", tmp_path / "graphs",
+                           shard=(k, 2))
+        per_shard.append(set(ran[before:]))
+    assert per_shard[0].isdisjoint(per_shard[1]) and per_shard[0] | per_shard[1] == set(hiddens)
+    assert len(per_shard[0]) == 3 and len(per_shard[1]) == 2
+    cached = json.loads((tmp_path / "runs.json").read_text())
+    assert set(cached) == {r[0].key() for r in rows}
+    assert not list(tmp_path.glob("runs.json.*.tmp"))  # no temporary file is left behind
