@@ -58,9 +58,8 @@ from typing import Any
 
 os.environ.setdefault("NKILIB_MSDA_NKI", "emulator")
 
-from nkilib_msda._env import child_environment  # noqa: E402
+from nkilib_msda._env import ONE_BLAS_THREAD, child_environment  # noqa: E402
 from nkilib_msda.simulator.timing.fingerprint import model_hash  # noqa: E402
-from nkilib_msda.tools.calibration.runner import CHILD_ENV  # noqa: E402
 from nkilib_msda.simulator.timing.scenarios import robust_ratio  # noqa: E402
 from nkilib_msda.workloads import NKI_LIBRARY_SHAPE_DESCRIPTIONS, NKI_LIBRARY_SHAPES  # noqa: E402
 
@@ -268,7 +267,7 @@ def _spawn(key: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              env=child_environment(CHILD_ENV))
+                              env=child_environment(ONE_BLAS_THREAD))
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "error": f"no result within {timeout_s:.0f} s",
                 "emulator_wall_s": round(time.perf_counter() - start, 1)}

@@ -29,7 +29,8 @@ from typing import Any, Callable, Sequence
 __all__ = ["EnvironmentVariableError", "TRUE_WORDS", "FALSE_WORDS", "EnvVar", "ENV_VARS",
            "RENAMED_FROM", "read_env", "validate_environment", "env_table_markdown", "match_word",
            "env_flag", "check_package_variables",
-           "env_choice", "check_optional_bool", "environment_snapshot", "child_environment"]
+           "env_choice", "check_optional_bool", "environment_snapshot", "child_environment",
+           "ONE_BLAS_THREAD"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -321,7 +322,17 @@ def check_optional_bool(name: str, value: Any) -> bool | None:
     raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__} {value!r}")
 
 
+# One BLAS thread per emulator child process (the calibration runner's and the side-by-side
+# script's). The emulator's matmuls are small (at most [128, 128] x [128, 512]
+# per nc_matmul, in float64) and the LNC programs take turns, so a second OpenBLAS thread only
+# contends: on the shared 2-core machine with the other core busy it made each such product
+# 4x slower (0.56 -> 2.3 ms) and an mlp_cte record's emulation 10x slower (docs/calibration.md,
+# "Emulator speed"). Thread counts do not change a product's bits (OpenBLAS splits the output,
+# not the contraction).
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def child_environment(overrides: dict[str, str]) -> dict[str, str]:
     """The environment for a child process: this process's variables with ``overrides`` set
-    (the calibration runner starts its children with one BLAS thread this way)."""
+    (the emulator's child processes get :data:`ONE_BLAS_THREAD` this way)."""
     return {**os.environ, **overrides}

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nkilib_msda._env import child_environment
+from nkilib_msda._env import ONE_BLAS_THREAD, child_environment
 from nkilib_msda.simulator.timing.fingerprint import graph_hash
 from nkilib_msda.tools.calibration.records import FAMILIES, Row, config_text, kernel_commit
 from nkilib_msda.tools.calibration.references import BUILDERS, attention_columns, lnc_of
@@ -30,13 +30,7 @@ _PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the folder holding nkil
 _CHILD = (f"import sys; sys.path.insert(0, {str(_PACKAGE_PARENT)!r}); "
           "from nkilib_msda.tools.calibration.runner import _main; "
           "raise SystemExit(_main(sys.argv[1:]))")
-# One BLAS thread per child. The emulator's matmuls are small (at most [128, 128] x [128, 512]
-# per nc_matmul, in float64) and the LNC programs take turns, so a second OpenBLAS thread only
-# contends: on the shared 2-core machine with the other core busy it made each such product
-# 4x slower (0.56 -> 2.3 ms) and an mlp_cte record's emulation 10x slower (docs/calibration.md,
-# "Emulator speed"). Thread counts do not change a product's bits (OpenBLAS splits the output,
-# not the contraction).
-CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CHILD_ENV = ONE_BLAS_THREAD  # the children's overrides (see nkilib_msda._env)
 
 
 def run_one(checkout: Path, kernel: str, values: dict[str, Any],
